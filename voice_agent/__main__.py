@@ -1,0 +1,3 @@
+from voice_agent.cli import main
+
+raise SystemExit(main())

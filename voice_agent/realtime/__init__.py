@@ -1,0 +1,1 @@
+"""The OpenAI Realtime wire format on the ``oai-events`` data channel."""

@@ -1,0 +1,396 @@
+"""Translate between session events and OpenAI Realtime (GA) JSON events.
+
+Server events follow the shapes of OpenAI's own SDK types, because its client
+libraries validate them: every event has an ``event_id``; user and assistant
+turns are conversation items the other events refer to by ``item_id``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from voice_agent.session.events import (
+    AssistantAudioCleared,
+    AssistantAudioStarted,
+    AssistantAudioStopped,
+    AssistantTextDelta,
+    ResponseFinished,
+    ResponseStarted,
+    SessionError,
+    SessionEvent,
+    UserSpeechStarted,
+    UserSpeechStopped,
+    UserTranscript,
+    UserTurnCommitted,
+)
+from voice_agent.session.ids import new_id
+from voice_agent.session.session import VoiceSession
+
+log = logging.getLogger(__name__)
+
+JsonDict = dict[str, Any]
+MAX_CLIENT_EVENT_BYTES = 256 * 1024
+
+
+class ClientEventError(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+class RealtimeProtocol:
+    def __init__(
+        self,
+        session: VoiceSession,
+        send: Callable[[JsonDict], None],
+        model: str,
+        voice: str,
+        max_output_tokens: int,
+    ) -> None:
+        self.session = session
+        self._send_raw = send
+        self.model = model
+        self.voice = voice
+        self.max_output_tokens = max_output_tokens
+        self._session_object_id = session.id
+        self._expires_at = int(time.time()) + 3600
+        self._transcripts: dict[str, str] = {}  # response_id -> text so far
+
+    # -- outbound ------------------------------------------------------------
+    def send(self, event: JsonDict) -> None:
+        self._send_raw({"event_id": new_id("event"), **event})
+
+    def session_object(self) -> JsonDict:
+        turn = self.session.config.turn
+        silence_ms = self.session.current_silence_ms
+        return {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": self._session_object_id,
+            "model": self.model,
+            "output_modalities": ["audio"],
+            "instructions": self.session.conversation.instructions,
+            "tools": [],
+            "tool_choice": "auto",
+            "max_output_tokens": self.max_output_tokens,
+            "tracing": None,
+            "truncation": "auto",
+            "prompt": None,
+            "expires_at": self._expires_at,
+            "include": None,
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "transcription": {"model": self.session.models.stt.name},
+                    "noise_reduction": None,
+                    "turn_detection": {
+                        "type": "server_vad",
+                        "threshold": turn.threshold,
+                        "prefix_padding_ms": turn.preroll_ms,
+                        "silence_duration_ms": silence_ms,
+                        "idle_timeout_ms": None,
+                        "create_response": True,
+                        "interrupt_response": True,
+                    },
+                },
+                "output": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "voice": self.voice,
+                    "speed": 1.0,
+                },
+            },
+        }
+
+    def send_session_created(self) -> None:
+        self.send({"type": "session.created", "session": self.session_object()})
+
+    def on_session_event(self, event: SessionEvent) -> None:
+        for message in self._translate(event):
+            self.send(message)
+
+    def _assistant_item(self, item_id: str, status: str, transcript: str | None) -> JsonDict:
+        content = [] if transcript is None else [{"type": "output_audio", "transcript": transcript}]
+        return {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
+
+    def _user_item(self, item_id: str, transcript: str | None) -> JsonDict:
+        return {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": "completed",
+            "role": "user",
+            "content": [{"type": "input_audio", "transcript": transcript}],
+        }
+
+    def _response_object(self, response_id: str, status: str, **extra: Any) -> JsonDict:
+        return {
+            "object": "realtime.response",
+            "id": response_id,
+            "status": status,
+            "status_details": None,
+            "output": [],
+            "conversation_id": None,
+            "output_modalities": ["audio"],
+            "max_output_tokens": self.max_output_tokens,
+            "audio": {
+                "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": self.voice}
+            },
+            "usage": None,
+            "metadata": None,
+            **extra,
+        }
+
+    def _translate(self, event: SessionEvent) -> list[JsonDict]:
+        if isinstance(event, UserSpeechStarted):
+            return [
+                {
+                    "type": "input_audio_buffer.speech_started",
+                    "audio_start_ms": event.audio_start_ms,
+                    "item_id": event.item_id,
+                }
+            ]
+        if isinstance(event, UserSpeechStopped):
+            return [
+                {
+                    "type": "input_audio_buffer.speech_stopped",
+                    "audio_end_ms": event.audio_end_ms,
+                    "item_id": event.item_id,
+                }
+            ]
+        if isinstance(event, UserTurnCommitted):
+            return [
+                {
+                    "type": "input_audio_buffer.committed",
+                    "item_id": event.item_id,
+                    "previous_item_id": event.previous_item_id,
+                },
+                {
+                    "type": "conversation.item.added",
+                    "previous_item_id": event.previous_item_id,
+                    "item": self._user_item(event.item_id, None),
+                },
+            ]
+        if isinstance(event, UserTranscript):
+            return [
+                {
+                    "type": "conversation.item.input_audio_transcription.completed",
+                    "item_id": event.item_id,
+                    "content_index": 0,
+                    "transcript": event.transcript,
+                    "usage": {"type": "duration", "seconds": 0},
+                },
+                {
+                    "type": "conversation.item.done",
+                    "previous_item_id": None,
+                    "item": self._user_item(event.item_id, event.transcript),
+                },
+            ]
+        if isinstance(event, ResponseStarted):
+            self._transcripts[event.response_id] = ""
+            ref = {
+                "response_id": event.response_id,
+                "item_id": event.item_id,
+                "output_index": 0,
+                "content_index": 0,
+            }
+            return [
+                {
+                    "type": "response.created",
+                    "response": self._response_object(event.response_id, "in_progress"),
+                },
+                {
+                    "type": "response.output_item.added",
+                    "response_id": event.response_id,
+                    "output_index": 0,
+                    "item": self._assistant_item(event.item_id, "in_progress", None),
+                },
+                {
+                    "type": "conversation.item.added",
+                    "previous_item_id": None,
+                    "item": self._assistant_item(event.item_id, "in_progress", None),
+                },
+                {
+                    "type": "response.content_part.added",
+                    **ref,
+                    "part": {"type": "audio", "transcript": ""},
+                },
+            ]
+        if isinstance(event, AssistantTextDelta):
+            self._transcripts[event.response_id] = (
+                self._transcripts.get(event.response_id, "") + event.delta
+            )
+            return [
+                {
+                    "type": "response.output_audio_transcript.delta",
+                    "response_id": event.response_id,
+                    "item_id": event.item_id,
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": event.delta,
+                }
+            ]
+        if isinstance(event, AssistantAudioStarted):
+            return [{"type": "output_audio_buffer.started", "response_id": event.response_id}]
+        if isinstance(event, AssistantAudioStopped):
+            return [{"type": "output_audio_buffer.stopped", "response_id": event.response_id}]
+        if isinstance(event, AssistantAudioCleared):
+            return [{"type": "output_audio_buffer.cleared", "response_id": event.response_id}]
+        if isinstance(event, ResponseFinished):
+            return self._response_finished(event)
+        if isinstance(event, SessionError):
+            return [self._error("server_error", event.code, event.message)]
+        raise AssertionError(f"unhandled session event {event!r}")
+
+    def _response_finished(self, event: ResponseFinished) -> list[JsonDict]:
+        self._transcripts.pop(event.response_id, None)
+        ref = {
+            "response_id": event.response_id,
+            "item_id": event.item_id,
+            "output_index": 0,
+            "content_index": 0,
+        }
+        item_status = "completed" if event.status == "completed" else "incomplete"
+        item = self._assistant_item(event.item_id, item_status, event.transcript)
+        details: JsonDict | None = None
+        if event.status == "cancelled":
+            details = {"type": "cancelled", "reason": event.reason}
+        elif event.status == "failed":
+            details = {"type": "failed", "error": {"type": "server_error", "code": event.reason}}
+        metadata = None
+        if event.metrics is not None:
+            # Metadata values are strings in the Realtime schema.
+            metadata = {k: str(v) for k, v in event.metrics.spans().items() if v is not None}
+            metadata["speculative"] = str(event.metrics.speculative).lower()
+        response = self._response_object(
+            event.response_id, event.status, output=[item], metadata=metadata
+        )
+        response["status_details"] = details
+        return [
+            {"type": "response.output_audio.done", **ref},
+            {
+                "type": "response.output_audio_transcript.done",
+                **ref,
+                "transcript": event.transcript,
+            },
+            {
+                "type": "response.content_part.done",
+                **ref,
+                "part": {"type": "audio", "transcript": event.transcript},
+            },
+            {
+                "type": "response.output_item.done",
+                "response_id": event.response_id,
+                "output_index": 0,
+                "item": item,
+            },
+            {"type": "conversation.item.done", "previous_item_id": None, "item": item},
+            {"type": "response.done", "response": response},
+        ]
+
+    def _error(
+        self,
+        error_type: str,
+        code: str,
+        message: str,
+        param: str | None = None,
+        event_id: str | None = None,
+    ) -> JsonDict:
+        return {
+            "type": "error",
+            "error": {
+                "type": error_type,
+                "code": code,
+                "message": message,
+                "param": param,
+                "event_id": event_id,
+            },
+        }
+
+    # -- inbound ------------------------------------------------------------
+    def on_client_message(self, raw: str | bytes) -> None:
+        """Handle one data-channel message; bad input becomes an ``error`` event."""
+        client_event_id: str | None = None
+        try:
+            if len(raw) > MAX_CLIENT_EVENT_BYTES:
+                raise ClientEventError("event_too_large", "event exceeds 256 KiB")
+            try:
+                event = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ClientEventError("invalid_json", f"event is not valid JSON: {exc}") from None
+            if not isinstance(event, dict):
+                raise ClientEventError("invalid_event", "event must be a JSON object")
+            raw_id = event.get("event_id")
+            client_event_id = raw_id if isinstance(raw_id, str) else None
+            event_type = event.get("type")
+            if not isinstance(event_type, str):
+                raise ClientEventError("invalid_event", "event has no 'type'", "type")
+            handler = self._handlers().get(event_type)
+            if handler is None:
+                raise ClientEventError(
+                    "unknown_event", f"unsupported event type {event_type!r}", "type"
+                )
+            handler(event)
+        except ClientEventError as exc:
+            self.send(
+                self._error("invalid_request_error", exc.code, str(exc), exc.param, client_event_id)
+            )
+
+    def _handlers(self) -> dict[str, Callable[[JsonDict], None]]:
+        return {
+            "session.update": self._session_update,
+            "response.cancel": self._response_cancel,
+            "output_audio_buffer.clear": self._output_clear,
+        }
+
+    def _session_update(self, event: JsonDict) -> None:
+        session = event.get("session")
+        if not isinstance(session, dict):
+            raise ClientEventError("invalid_value", "'session' must be an object", "session")
+        self.apply_session_config(session)
+        self.send({"type": "session.updated", "session": self.session_object()})
+
+    def apply_session_config(self, session: JsonDict) -> None:
+        """Apply the parts of a Realtime session object this server supports."""
+        instructions = session.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise ClientEventError(
+                "invalid_type", "instructions must be a string", "session.instructions"
+            )
+        silence_ms: int | None = None
+        audio = session.get("audio")
+        turn = None
+        if isinstance(audio, dict) and isinstance(audio.get("input"), dict):
+            turn = audio["input"].get("turn_detection")
+        if turn is None:
+            turn = session.get("turn_detection")  # beta-style placement
+        if isinstance(turn, dict) and "silence_duration_ms" in turn:
+            value = turn["silence_duration_ms"]
+            if not isinstance(value, int) or isinstance(value, bool) or not 100 <= value <= 5000:
+                raise ClientEventError(
+                    "invalid_value",
+                    "silence_duration_ms must be an integer from 100 to 5000",
+                    "session.audio.input.turn_detection.silence_duration_ms",
+                )
+            silence_ms = value
+        self.session.update(instructions=instructions, silence_ms=silence_ms)
+
+    def _response_cancel(self, event: JsonDict) -> None:
+        if not self.session.cancel_response("client_cancelled"):
+            raise ClientEventError(
+                "response_cancel_not_active", "Cancellation failed: no active response found"
+            )
+
+    def _output_clear(self, event: JsonDict) -> None:
+        self.session.clear_output()

@@ -1,0 +1,190 @@
+"""One call: a peer connection, its audio in and out, its data channel, and
+the voice session between them.
+
+Every way a call can end (hang-up, a peer that vanishes, one that never
+connects, the duration limit, server shutdown) goes through ``close()``,
+which releases everything the call holds exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import aioice.ice
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+
+from voice_agent.config import Settings
+from voice_agent.realtime.protocol import RealtimeProtocol
+from voice_agent.rtc.inbound import pump_inbound_audio
+from voice_agent.rtc.outbound import PacedAudioTrack
+from voice_agent.session.session import Models, SessionConfig, VoiceSession
+
+log = logging.getLogger(__name__)
+
+EVENTS_CHANNEL = "oai-events"
+# Events produced before the client's data channel opens wait here (bounded).
+MAX_EARLY_EVENTS = 256
+
+
+def restrict_host_addresses(addresses: list[str]) -> None:
+    """Pin ICE host candidates to ``addresses`` (process-wide: aioice gathers
+    them in a module-level function). aioice never offers 127.0.0.1 on its
+    own, so this is also how two peers on one machine talk over loopback."""
+    if not addresses:
+        return
+    pinned = list(addresses)
+
+    def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        return [a for a in pinned if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+
+    aioice.ice.get_host_addresses = host_addresses
+
+
+def ice_configuration(settings: Settings) -> RTCConfiguration:
+    # An explicit empty list: aiortc would otherwise fall back to a public STUN server.
+    servers = [
+        RTCIceServer(urls=url, username=settings.ice_username, credential=settings.ice_credential)
+        for url in settings.ice_servers
+    ]
+    return RTCConfiguration(iceServers=servers)
+
+
+class Call:
+    def __init__(
+        self,
+        call_id: str,
+        settings: Settings,
+        models: Models,
+        session_config: SessionConfig,
+        model_name: str,
+        voice_name: str,
+        on_closed: Callable[[Call], None],
+    ) -> None:
+        self.id = call_id
+        self.settings = settings
+        self._on_closed = on_closed
+        self.pc = RTCPeerConnection(ice_configuration(settings))
+        self.output = PacedAudioTrack(buffer_ms=settings.output_buffer_ms)
+        self.session = VoiceSession(models, session_config, self.output, self._on_session_event)
+        self.output.on_audio_frame = self.session.frame_sent
+        self.protocol = RealtimeProtocol(
+            self.session, self._send_event, model_name, voice_name, settings.llm_max_tokens
+        )
+        self._channel: RTCDataChannel | None = None
+        self._early_events: deque[str] = deque(maxlen=MAX_EARLY_EVENTS)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._timers: list[asyncio.TimerHandle] = []
+        self._closing: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.close_reason: str | None = None
+        self.pc.on("track", self._on_track)
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    # -- negotiation ------------------------------------------------------
+    async def answer(self, offer_sdp: str) -> str:
+        """Apply the offer and return the answer SDP (ICE candidates included)."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        self.pc.addTrack(self.output)
+        answer = await self.pc.createAnswer()
+        await self.pc.setLocalDescription(answer)
+        loop = asyncio.get_running_loop()
+        self._timers.append(
+            loop.call_later(self.settings.connect_timeout_s, self._timeout, "connect_timeout")
+        )
+        self._timers.append(
+            loop.call_later(self.settings.max_call_duration_s, self._timeout, "max_duration")
+        )
+        return str(self.pc.localDescription.sdp)
+
+    # -- peer connection events -----------------------------------------------
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio":
+            return
+        self._spawn(pump_inbound_audio(track, self.session.push_audio), "inbound-audio")
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != EVENTS_CHANNEL or self._channel is not None:
+            return
+        self._channel = channel
+        channel.on("message", self.protocol.on_client_message)
+        self.protocol.send_session_created()
+        while self._early_events:
+            channel.send(self._early_events.popleft())
+
+    def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        log.info("peer connection state", extra={"call_id": self.id, "state": state})
+        if state == "connected":
+            self.connected.set()
+            for timer in self._timers[:1]:  # the connect timeout
+                timer.cancel()
+        elif state == "disconnected":
+            loop = asyncio.get_running_loop()
+            self._timers.append(
+                loop.call_later(self.settings.disconnect_grace_s, self._timeout, "peer_lost")
+            )
+        elif state in ("failed", "closed"):
+            self.close_soon(f"peer_{state}")
+
+    def _timeout(self, reason: str) -> None:
+        if reason == "peer_lost" and self.pc.connectionState == "connected":
+            return  # the connection recovered within the grace period
+        self.close_soon(reason)
+
+    # -- events to the client -------------------------------------------------
+    def _on_session_event(self, event: Any) -> None:
+        self.protocol.on_session_event(event)
+
+    def _send_event(self, event: dict[str, Any]) -> None:
+        text = json.dumps(event, separators=(",", ":"))
+        channel = self._channel
+        if channel is None:
+            self._early_events.append(text)
+        elif channel.readyState == "open":
+            channel.send(text)
+
+    # -- teardown ------------------------------------------------------------
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"{self.id}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close_soon(self, reason: str) -> None:
+        if self._closing is None:
+            self._closing = asyncio.create_task(self.close(reason), name=f"{self.id}-close")
+
+    async def close(self, reason: str = "hangup") -> None:
+        if self.close_reason is not None:
+            await self.closed.wait()
+            return
+        self.close_reason = reason
+        log.info("call closing", extra={"call_id": self.id, "reason": reason})
+        for timer in self._timers:
+            timer.cancel()
+        try:
+            await self.session.close()
+            for task in list(self._tasks):
+                task.cancel()
+            for task in list(self._tasks):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self.output.stop()
+            await self.pc.close()
+        finally:
+            self.closed.set()
+            self._on_closed(self)

@@ -1,0 +1,49 @@
+"""Read the caller's audio track and feed the session 16 kHz mono PCM.
+
+aiortc decodes Opus to 48 kHz interleaved stereo s16 frames. Each frame is
+down-mixed and run through this session's stateful resampler.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from voice_agent.audio.pcm import downmix_interleaved, float_to_int16
+from voice_agent.audio.resample import StreamResampler
+
+log = logging.getLogger(__name__)
+
+STT_RATE = 16_000
+
+
+def frame_to_mono_int16(frame: av.AudioFrame) -> np.ndarray:
+    """Mono int16 samples from a decoded frame (aiortc's Opus decoder gives
+    packed s16; planar and float layouts are handled for other decoders)."""
+    channels = len(frame.layout.channels)
+    samples = frame.to_ndarray()
+    if samples.dtype != np.int16:
+        samples = float_to_int16(samples.astype(np.float32))
+    if frame.format.is_planar:
+        return downmix_interleaved(samples.T.reshape(-1), channels)
+    return downmix_interleaved(samples.reshape(-1), channels)
+
+
+async def pump_inbound_audio(track: MediaStreamTrack, sink: Callable[[np.ndarray], None]) -> None:
+    """Until the track ends: decode, down-mix, resample, hand to ``sink``."""
+    resampler: StreamResampler | None = None
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        assert isinstance(frame, av.AudioFrame)
+        mono = frame_to_mono_int16(frame)
+        if resampler is None or resampler.in_rate != frame.sample_rate:
+            resampler = StreamResampler(frame.sample_rate, STT_RATE)
+        sink(resampler.process(mono))

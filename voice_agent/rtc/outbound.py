@@ -1,0 +1,216 @@
+"""The outbound audio track: 20 ms frames on an absolute clock.
+
+aiortc's RTP sender pulls ``recv()`` as fast as it returns, so the track itself
+is the pacer. Frame *n* is due at ``start + n * 20 ms``: computing each
+deadline from the start (rather than sleeping 20 ms after the previous frame)
+means scheduling jitter never accumulates into drift. Between utterances the
+track sends silence, so the receiver's jitter buffer never underruns.
+
+Writers go through a small bounded buffer and wait when it is full
+(backpressure), so TTS can run ahead by at most ``buffer_ms``. ``flush()``
+drops everything buffered: the very next frame on the wire is silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+SAMPLE_RATE = 48_000
+FRAME_MS = 20
+FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000
+# Past this much lateness (a suspended process, a debugger) the clock restarts
+# instead of bursting out seconds of catch-up audio.
+RESYNC_AFTER_S = 0.5
+
+
+@dataclass
+class PacingStats:
+    """How well the track kept its schedule."""
+
+    frames: int = 0
+    audio_frames: int = 0
+    late_over_20ms: int = 0
+    max_late_ms: float = 0.0
+    resyncs: int = 0
+    late_ms: list[float] = field(default_factory=list)
+
+    def record(self, late_s: float, keep_samples: bool) -> None:
+        late_ms = late_s * 1000.0
+        self.frames += 1
+        if late_ms > 20.0:
+            self.late_over_20ms += 1
+        self.max_late_ms = max(self.max_late_ms, late_ms)
+        if keep_samples:
+            self.late_ms.append(late_ms)
+
+
+FrameListener = Callable[[Any], None]
+
+
+class PacedAudioTrack(MediaStreamTrack):
+    """Mono 48 kHz outbound track fed by ``write()`` and paced by ``recv()``.
+
+    Every written chunk may carry a ``tag``; each of its frames reports it to
+    ``on_audio_frame(tag)`` as it goes out, which is how the session knows
+    exactly which words have been heard.
+    """
+
+    kind = "audio"
+
+    def __init__(
+        self,
+        buffer_ms: int = 200,
+        clock: Callable[[], float] = time.monotonic,
+        keep_lateness_samples: bool = False,
+    ) -> None:
+        super().__init__()
+        self._clock = clock
+        self._capacity = max(2, buffer_ms // FRAME_MS)
+        self._frames: deque[tuple[np.ndarray, Any]] = deque()
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._pending_tag: Any = None
+        self._space = asyncio.Event()
+        self._space.set()
+        self._start: float | None = None
+        self._index = 0
+        self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        self._time_base = fractions.Fraction(1, SAMPLE_RATE)
+        self.stats = PacingStats()
+        self._keep_lateness = keep_lateness_samples
+        self.on_audio_frame: FrameListener | None = None
+        self.on_idle: Callable[[], None] | None = None
+        self._was_playing = False
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._wake: asyncio.Future[bool] | None = None
+
+    # -- producer side ---------------------------------------------------
+    @property
+    def buffered_frames(self) -> int:
+        return len(self._frames)
+
+    async def write(self, samples: np.ndarray, tag: Any = None) -> None:
+        """Queue mono int16 48 kHz samples; waits while the buffer is full."""
+        if samples.dtype != np.int16:
+            raise TypeError("expected int16 samples")
+        data = np.concatenate((self._pending, samples)) if self._pending.size else samples
+        offset = 0
+        while len(data) - offset >= FRAME_SAMPLES:
+            while len(self._frames) >= self._capacity:
+                self._space.clear()
+                await self._space.wait()
+            end = offset + FRAME_SAMPLES
+            self._frames.append((data[offset:end], tag))
+            self._drained.clear()
+            self._wake_pacer()
+            offset = end
+        self._pending = data[offset:]
+        self._pending_tag = tag if self._pending.size else None
+
+    async def finish(self) -> None:
+        """Pad the last partial frame with silence so the tail is heard."""
+        if not self._pending.size:
+            return
+        tail = np.zeros(FRAME_SAMPLES - self._pending.size, dtype=np.int16)
+        frame, tag = np.concatenate((self._pending, tail)), self._pending_tag
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._pending_tag = None
+        while len(self._frames) >= self._capacity:
+            self._space.clear()
+            await self._space.wait()
+        self._frames.append((frame, tag))
+        self._drained.clear()
+        self._wake_pacer()
+
+    async def drain(self) -> None:
+        """Wait until every queued frame has gone out."""
+        await self._drained.wait()
+
+    def _wake_pacer(self) -> None:
+        if self._wake is not None:
+            _resolve(self._wake, True)
+
+    def flush(self) -> None:
+        """Drop everything not yet sent: the next frame out is silence."""
+        self._frames.clear()
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._pending_tag = None
+        self._space.set()
+        self._drained.set()
+
+    # -- consumer side (aiortc's RTP sender) ---------------------------------
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+        due = self._start + self._index * FRAME_MS / 1000.0
+        if due > now:
+            # While idle, audio arriving mid-slot goes out at once and the
+            # schedule re-anchors on it: speech starts up to a frame sooner,
+            # and the receiver's jitter buffer absorbs the one-off shift.
+            woken_early = await self._sleep(due - now, interruptible=not self._frames)
+            now = self._clock()
+            if woken_early:
+                self._start = now - self._index * FRAME_MS / 1000.0
+                due = now
+        late = max(0.0, now - due)
+        if late > RESYNC_AFTER_S:
+            self._start = now - self._index * FRAME_MS / 1000.0
+            self.stats.resyncs += 1
+            late = 0.0
+        self.stats.record(late, self._keep_lateness)
+
+        if self._frames:
+            samples, tag = self._frames.popleft()
+            if len(self._frames) < self._capacity:
+                self._space.set()
+            if not self._frames and not self._pending.size:
+                self._drained.set()
+            self.stats.audio_frames += 1
+            self._was_playing = True
+            if self.on_audio_frame is not None:
+                self.on_audio_frame(tag)
+        else:
+            samples = self._silence
+            if self._was_playing:
+                self._was_playing = False
+                if self.on_idle is not None:
+                    self.on_idle()
+
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        frame.pts = self._index * FRAME_SAMPLES
+        frame.time_base = self._time_base
+        self._index += 1
+        return frame
+
+    async def _sleep(self, delay: float, interruptible: bool) -> bool:
+        """Sleep ``delay`` seconds; True when new audio cut the sleep short."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(delay, _resolve, waiter, False)
+        if interruptible:
+            self._wake = waiter
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            self._wake = None
+
+
+def _resolve(waiter: asyncio.Future[bool], woken_by_audio: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(woken_by_audio)

@@ -1,0 +1,1 @@
+"""HTTP signaling: the Realtime WebRTC endpoint, health checks and the web page."""

@@ -1,0 +1,244 @@
+"""aiohttp application: the Realtime WebRTC endpoint (also a WHIP endpoint:
+same shape, RFC 9725), health checks and the demo page.
+
+Every request is validated before a peer connection exists, so bad input is
+refused without leaving anything behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import BodyPartReader, web
+
+from voice_agent.config import Settings
+from voice_agent.engine import Engine
+from voice_agent.rtc.call import Call, restrict_host_addresses
+from voice_agent.server.calls import CallRegistry
+from voice_agent.session.ids import new_id
+
+log = logging.getLogger(__name__)
+
+ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
+CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
+SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
+
+CALLS_PATH = "/v1/realtime/calls"
+RETRY_AFTER_S = "5"
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    body = {
+        "error": {
+            "type": "invalid_request_error" if status < 500 else "server_error",
+            "code": code,
+            "message": message,
+        }
+    }
+    return web.json_response(body, status=status, headers=headers)
+
+
+class OfferError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def validate_offer(sdp: str) -> None:
+    if not sdp.lstrip().startswith("v=0"):
+        raise OfferError(400, "invalid_sdp", "body is not an SDP offer (it must start with v=0)")
+    media = [line for line in sdp.splitlines() if line.startswith("m=")]
+    if not any(line.startswith("m=audio") for line in media):
+        raise OfferError(400, "no_audio", "the offer has no audio media section")
+
+
+async def read_offer(request: web.Request, limit: int) -> tuple[str, dict[str, Any] | None]:
+    """The SDP offer (and an optional session config) from either body form."""
+    if request.content_length is not None and request.content_length > limit:
+        raise OfferError(413, "body_too_large", f"offer larger than {limit} bytes")
+    content_type = request.content_type
+    if content_type == "application/sdp":
+        body = await request.content.read(limit + 1)
+        if len(body) > limit:
+            raise OfferError(413, "body_too_large", f"offer larger than {limit} bytes")
+        session = None
+    elif content_type == "multipart/form-data":
+        # OpenAI's alternative form: an "sdp" part and an optional "session" part.
+        body, session = await _read_multipart(request, limit)
+    else:
+        raise OfferError(
+            415, "unsupported_media_type", "send the SDP offer with Content-Type: application/sdp"
+        )
+    try:
+        sdp = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OfferError(400, "invalid_sdp", "the offer is not UTF-8 text") from None
+    validate_offer(sdp)
+    return sdp, session
+
+
+async def _read_multipart(request: web.Request, limit: int) -> tuple[bytes, dict[str, Any] | None]:
+    reader = await request.multipart()
+    sdp: bytes | None = None
+    session: dict[str, Any] | None = None
+    total = 0
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):  # nested multipart
+            raise OfferError(400, "invalid_body", "nested multipart is not supported")
+        data = await part.read()
+        total += len(data)
+        if total > limit:
+            raise OfferError(413, "body_too_large", f"offer larger than {limit} bytes")
+        if part.name == "sdp":
+            sdp = data
+        elif part.name == "session":
+            try:
+                parsed = json.loads(data)
+            except json.JSONDecodeError:
+                raise OfferError(400, "invalid_session", "'session' is not valid JSON") from None
+            if not isinstance(parsed, dict):
+                raise OfferError(400, "invalid_session", "'session' must be a JSON object")
+            session = parsed
+    if sdp is None:
+        raise OfferError(400, "invalid_body", "multipart body has no 'sdp' part")
+    return sdp, session
+
+
+async def create_call(request: web.Request) -> web.StreamResponse:
+    settings, engine, calls = request.app[SETTINGS], request.app[ENGINE], request.app[CALLS]
+    try:
+        sdp, session_config = await read_offer(request, settings.max_offer_bytes)
+    except OfferError as exc:
+        return error_response(exc.status, exc.code, str(exc))
+    if not engine.ready or engine.models is None:
+        return error_response(
+            503, "not_ready", "models are still loading", {"Retry-After": RETRY_AFTER_S}
+        )
+    if not calls.reserve():
+        return error_response(
+            503,
+            "server_full",
+            f"all {calls.max_calls} call slots are busy",
+            {"Retry-After": RETRY_AFTER_S},
+        )
+    call = Call(
+        new_id("rtc"),
+        settings,
+        engine.models,
+        engine.session_config(),
+        engine.model_name,
+        engine.voice_name,
+        on_closed=calls.discard,
+    )
+    try:
+        if session_config is not None:
+            call.protocol.apply_session_config(session_config)
+        answer = await call.answer(sdp)
+    except Exception as exc:
+        await call.close("bad_offer")
+        message = str(exc) or type(exc).__name__
+        return error_response(400, "invalid_sdp", f"the offer could not be applied: {message}")
+    finally:
+        calls.release_reservation()
+    calls.add(call)
+    log.info("call created", extra={"call_id": call.id, "calls": len(calls)})
+    return web.Response(
+        status=201,
+        text=answer,
+        content_type="application/sdp",
+        headers={"Location": f"{CALLS_PATH}/{call.id}"},
+    )
+
+
+async def delete_call(request: web.Request) -> web.StreamResponse:
+    call = request.app[CALLS].get(request.match_info["call_id"])
+    if call is None:
+        return error_response(404, "call_not_found", "no such call")
+    await call.close("hangup")
+    return web.Response(status=204)
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.StreamResponse:
+    engine, calls = request.app[ENGINE], request.app[CALLS]
+    body = {"ready": engine.ready, "calls": len(calls), "max_calls": calls.max_calls}
+    if not engine.ready:
+        return web.json_response({**body, "status": "loading"}, status=503)
+    if calls.full:
+        return web.json_response(
+            {**body, "status": "full"}, status=503, headers={"Retry-After": RETRY_AFTER_S}
+        )
+    return web.json_response({**body, "status": "ready"})
+
+
+def cors_middleware(origins: list[str]) -> Any:
+    allow_any = "*" in origins
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        allowed = origin is not None and (allow_any or origin in origins)
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            response: web.StreamResponse = web.Response(status=204 if allowed else 403)
+        else:
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:
+                response = exc
+        if allowed:
+            assert origin is not None
+            response.headers["Access-Control-Allow-Origin"] = "*" if allow_any else origin
+            response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            response.headers["Access-Control-Expose-Headers"] = "Location"
+            response.headers["Access-Control-Max-Age"] = "600"
+            if not allow_any:
+                response.headers["Vary"] = "Origin"
+        return response
+
+    return middleware
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(WEB_DIR / "index.html")
+
+
+def build_app(settings: Settings, engine: Engine) -> web.Application:
+    # aiohttp's own body limit sits above ours so oversized offers get our 413.
+    app = web.Application(
+        middlewares=[cors_middleware(settings.cors_origins)],
+        client_max_size=settings.max_offer_bytes * 2,
+    )
+    app[SETTINGS] = settings
+    restrict_host_addresses(settings.ice_host_addresses)
+    app[ENGINE] = engine
+    app[CALLS] = CallRegistry(settings.max_calls)
+    app.router.add_post(CALLS_PATH, create_call)
+    app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/", index)
+    if WEB_DIR.is_dir():
+        app.router.add_static("/web/", WEB_DIR, show_index=False)
+
+    async def on_shutdown(app: web.Application) -> None:
+        await app[CALLS].close_all("server_shutdown")
+
+    app.on_shutdown.append(on_shutdown)
+    return app
+
+
+__all__ = ["Call", "build_app"]

@@ -1,0 +1,50 @@
+"""The set of live calls, with the admission limit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from voice_agent.rtc.call import Call
+
+log = logging.getLogger(__name__)
+
+
+class CallRegistry:
+    def __init__(self, max_calls: int) -> None:
+        self.max_calls = max_calls
+        self._calls: dict[str, Call] = {}
+        self._reserved = 0  # admitted, still negotiating
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    @property
+    def full(self) -> bool:
+        return len(self._calls) + self._reserved >= self.max_calls
+
+    def reserve(self) -> bool:
+        """Claim a slot before any work is done for a new call."""
+        if self.full:
+            return False
+        self._reserved += 1
+        return True
+
+    def release_reservation(self) -> None:
+        self._reserved -= 1
+
+    def add(self, call: Call) -> None:
+        self._calls[call.id] = call
+
+    def get(self, call_id: str) -> Call | None:
+        return self._calls.get(call_id)
+
+    def discard(self, call: Call) -> None:
+        self._calls.pop(call.id, None)
+
+    def calls(self) -> list[Call]:
+        return list(self._calls.values())
+
+    async def close_all(self, reason: str) -> None:
+        calls = self.calls()
+        await asyncio.gather(*(call.close(reason) for call in calls), return_exceptions=True)

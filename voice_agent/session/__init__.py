@@ -1,0 +1,1 @@
+"""The per-session graph: turn detection -> STT -> LLM -> TTS -> audio output."""

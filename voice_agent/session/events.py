@@ -1,0 +1,92 @@
+"""What a session reports, in its own terms; the protocol layer maps these
+onto the wire format. Nothing here knows about JSON or data channels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from voice_agent.session.metrics import TurnMetrics
+
+
+@dataclass(frozen=True)
+class UserSpeechStarted:
+    item_id: str
+    audio_start_ms: int
+
+
+@dataclass(frozen=True)
+class UserSpeechStopped:
+    item_id: str
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class UserTurnCommitted:
+    item_id: str
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True)
+class UserTranscript:
+    item_id: str
+    transcript: str
+
+
+@dataclass(frozen=True)
+class ResponseStarted:
+    response_id: str
+    item_id: str
+
+
+@dataclass(frozen=True)
+class AssistantTextDelta:
+    response_id: str
+    item_id: str
+    delta: str
+
+
+@dataclass(frozen=True)
+class AssistantAudioStarted:
+    response_id: str
+
+
+@dataclass(frozen=True)
+class AssistantAudioStopped:
+    response_id: str
+
+
+@dataclass(frozen=True)
+class AssistantAudioCleared:
+    response_id: str
+
+
+@dataclass(frozen=True)
+class ResponseFinished:
+    response_id: str
+    item_id: str
+    status: Literal["completed", "cancelled", "failed"]
+    reason: str | None
+    transcript: str  # for a cancelled reply: only what was heard
+    metrics: TurnMetrics | None = field(default=None)
+
+
+@dataclass(frozen=True)
+class SessionError:
+    code: str
+    message: str
+
+
+SessionEvent = (
+    UserSpeechStarted
+    | UserSpeechStopped
+    | UserTurnCommitted
+    | UserTranscript
+    | ResponseStarted
+    | AssistantTextDelta
+    | AssistantAudioStarted
+    | AssistantAudioStopped
+    | AssistantAudioCleared
+    | ResponseFinished
+    | SessionError
+)

@@ -1,0 +1,337 @@
+"""A voice session: one caller's audio in, the assistant's audio out.
+
+Frames flow synchronously through VAD and turn detection (microseconds per
+frame); everything slow (STT, LLM, TTS) runs in tasks, so ingesting audio
+never waits on a model. Latency comes from overlapping work with the
+end-of-turn silence: when the user pauses, their words so far are transcribed
+and a reply is prepared at once; if the pause becomes the end of their turn,
+that reply is already synthesised and only has to be released. If they speak
+again, the speculation is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from voice_agent.backends.base import LlmBackend, SttBackend, TtsBackend, VadBackend
+from voice_agent.session.conversation import Conversation
+from voice_agent.session.events import (
+    AssistantAudioCleared,
+    SessionError,
+    SessionEvent,
+    UserSpeechStarted,
+    UserSpeechStopped,
+    UserTranscript,
+    UserTurnCommitted,
+)
+from voice_agent.session.ids import new_id
+from voice_agent.session.metrics import TurnMetrics, now
+from voice_agent.session.response import AudioOutput, PieceTag, ReplySettings, Response
+from voice_agent.stages.turns import (
+    FRAME_SAMPLES,
+    Paused,
+    Resumed,
+    SpeechStarted,
+    TurnConfig,
+    TurnDetector,
+    TurnEnded,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Models:
+    """Shared, process-wide model backends."""
+
+    vad: VadBackend
+    stt: SttBackend
+    tts: TtsBackend
+    llm: LlmBackend
+
+
+@dataclass
+class SessionConfig:
+    instructions: str
+    history_turns: int
+    turn: TurnConfig
+    reply: ReplySettings
+
+
+@dataclass
+class _Speculation:
+    audio_end_ms: int
+    stt_task: asyncio.Task[str]
+    response: Response | None = None
+    metrics: TurnMetrics | None = None
+
+
+class VoiceSession:
+    def __init__(
+        self,
+        models: Models,
+        config: SessionConfig,
+        output: AudioOutput,
+        emit: Callable[[SessionEvent], None],
+        session_id: str | None = None,
+    ) -> None:
+        self.id = session_id or new_id("sess")
+        self.models = models
+        self.config = config
+        self.output = output
+        self._emit = emit
+        self.conversation = Conversation(config.instructions, config.history_turns)
+        self._vad = models.vad.new_stream()
+        self._detector = TurnDetector(config.turn)
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._item_id: str | None = None  # the user turn being spoken
+        self._last_voiced_at: float | None = None
+        self._speculation: _Speculation | None = None
+        self._response: Response | None = None  # the reply being played
+        self._turn_task: asyncio.Task[None] | None = None
+        self._live_responses: set[Response] = set()
+        self._generation = 0  # bumped by every new user turn: stale work checks it
+        self._closed = False
+        self._silence_ms = config.turn.turn_silence_ms
+
+    # -- audio in ------------------------------------------------------------
+    def push_audio(self, samples: np.ndarray) -> None:
+        """16 kHz mono int16 audio, any length."""
+        if self._closed:
+            return
+        data = np.concatenate((self._pending, samples)) if self._pending.size else samples
+        full = len(data) - len(data) % FRAME_SAMPLES
+        for start in range(0, full, FRAME_SAMPLES):
+            frame = data[start : start + FRAME_SAMPLES]
+            probability = self._vad.speech_probability(frame)
+            if probability >= self.config.turn.threshold:
+                self._last_voiced_at = now()
+            for event in self._detector.push(frame, probability):
+                self._handle(event)
+        self._pending = data[full:]
+
+    def _handle(self, event: SpeechStarted | Paused | Resumed | TurnEnded) -> None:
+        if isinstance(event, SpeechStarted):
+            self._on_speech_started(event)
+        elif isinstance(event, Paused):
+            self._start_speculation(event)
+        elif isinstance(event, Resumed):
+            self._drop_speculation()
+        else:
+            self._on_turn_ended(event)
+
+    def _on_speech_started(self, event: SpeechStarted) -> None:
+        self._generation += 1
+        # Barge-in: the user talks over the assistant (or over a reply still
+        # being prepared for their previous turn).
+        if self._response is not None and self._response.status == "in_progress":
+            self._response.cancel("turn_detected")
+        self._drop_speculation()
+        self._item_id = new_id("item")
+        self._emit(UserSpeechStarted(self._item_id, event.audio_start_ms))
+
+    # -- speculation ------------------------------------------------------------
+    def _start_speculation(self, event: Paused) -> None:
+        self._drop_speculation()
+        log.debug("speculating", extra={"session": self.id, "audio_end_ms": event.audio_end_ms})
+        metrics = TurnMetrics(speculative=True, stt_start=now())
+        task = asyncio.create_task(self.models.stt.transcribe(event.audio), name="stt-early")
+        spec = _Speculation(event.audio_end_ms, task, metrics=metrics)
+        self._speculation = spec
+        generation = self._generation
+        task.add_done_callback(lambda t: self._on_early_transcript(spec, t, generation))
+
+    def _on_early_transcript(self, spec: _Speculation, task: asyncio.Task[str], gen: int) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        assert spec.metrics is not None
+        spec.metrics.stt_done = now()
+        if self._speculation is not spec or gen != self._generation or self._closed:
+            return
+        text = task.result().strip()
+        if text:
+            spec.response = self._new_response(text, spec.metrics)
+
+    def _drop_speculation(self) -> None:
+        spec, self._speculation = self._speculation, None
+        if spec is None:
+            return
+        log.debug(
+            "speculation dropped",
+            extra={
+                "session": self.id,
+                "stt_done": spec.stt_task.done(),
+                "had_response": spec.response is not None,
+            },
+        )
+        spec.stt_task.cancel()
+        if spec.response is not None:
+            spec.response.cancel("superseded")
+
+    # -- end of turn --------------------------------------------------------------
+    def _on_turn_ended(self, event: TurnEnded) -> None:
+        item_id = self._item_id or new_id("item")
+        self._item_id = None
+        previous = self.conversation.last_item_id
+        self._emit(UserSpeechStopped(item_id, event.audio_end_ms))
+        self._emit(UserTurnCommitted(item_id, previous))
+        spec, self._speculation = self._speculation, None
+        if spec is not None and spec.audio_end_ms != event.audio_end_ms:
+            self._speculation = spec
+            self._drop_speculation()
+            spec = None
+        metrics = spec.metrics if spec is not None and spec.metrics else TurnMetrics()
+        metrics.turn_end = now()
+        metrics.speech_end = (
+            metrics.turn_end - event.silence_ms / 1000.0
+            if self._last_voiced_at is None
+            else min(self._last_voiced_at, metrics.turn_end)
+        )
+        self._turn_task = asyncio.create_task(
+            self._finish_turn(event, item_id, spec, metrics, self._generation),
+            name=f"turn-{item_id}",
+        )
+
+    async def _finish_turn(
+        self,
+        event: TurnEnded,
+        item_id: str,
+        spec: _Speculation | None,
+        metrics: TurnMetrics,
+        generation: int,
+    ) -> None:
+        try:
+            if spec is not None:
+                text = (await spec.stt_task).strip()
+            else:
+                metrics.stt_start = now()
+                text = (await self.models.stt.transcribe(event.audio)).strip()
+                metrics.stt_done = now()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("transcription failed", exc_info=True, extra={"session": self.id})
+            self._emit(SessionError("stt_error", f"transcription failed: {exc}"))
+            text = ""
+        self._emit(UserTranscript(item_id, text))
+        if text:
+            self.conversation.add_user(text, item_id)
+        response = spec.response if spec is not None else None
+        if not text or generation != self._generation or self._closed:
+            # Nothing was said, or the user has already started another turn.
+            if response is not None:
+                response.cancel("superseded")
+            return
+        if response is None:
+            response = self._new_response(text, metrics)
+        self._play(response)
+
+    # -- replies ------------------------------------------------------------------
+    def _new_response(self, user_text: str, metrics: TurnMetrics) -> Response:
+        response = Response(
+            response_id=new_id("resp"),
+            item_id=new_id("item"),
+            messages=self.conversation.messages_for(user_text),
+            llm=self.models.llm,
+            tts=self.models.tts,
+            output=self.output,
+            conversation=self.conversation,
+            emit=self._emit,
+            reply=self.config.reply,
+            metrics=metrics,
+            on_finished=self._on_response_finished,
+        )
+        self._live_responses.add(response)
+        response.finished_callbacks.append(self._live_responses.discard)
+        response.start()
+        return response
+
+    def _play(self, response: Response) -> None:
+        if self._response is not None and self._response.status == "in_progress":
+            self._response.cancel("superseded")
+        self._response = response
+        response.commit()
+
+    def _on_response_finished(self, response: Response) -> None:
+        spans = response.metrics.spans()
+        log.info(
+            "turn finished",
+            extra={
+                "session": self.id,
+                "response_id": response.response_id,
+                "status": response.status,
+                "speculative": response.metrics.speculative,
+                **spans,
+            },
+        )
+
+    def frame_sent(self, tag: Any) -> None:
+        """Called by the output track for every audio frame it sends."""
+        response = self._response
+        if (
+            isinstance(tag, PieceTag)
+            and response is not None
+            and tag.response_id == response.response_id
+        ):
+            response.frame_sent(tag)
+
+    # -- client controls --------------------------------------------------------------
+    def update(self, instructions: str | None = None, silence_ms: int | None = None) -> None:
+        if instructions is not None:
+            self.conversation.instructions = instructions
+            self.config.instructions = instructions
+        if silence_ms is not None:
+            self._detector.set_silence_ms(silence_ms)
+            self._silence_ms = silence_ms
+
+    @property
+    def current_silence_ms(self) -> int:
+        return self._silence_ms
+
+    def cancel_response(self, reason: str = "client_cancelled") -> bool:
+        """Cancel the reply being played; False when there is none."""
+        self._drop_speculation()
+        if self._response is None or self._response.status != "in_progress":
+            return False
+        self._response.cancel(reason)
+        return True
+
+    def clear_output(self) -> None:
+        """Drop all buffered assistant audio (and the reply producing it)."""
+        response = self._response
+        if response is not None and response.status == "in_progress":
+            response.cancel("client_cancelled")
+        else:
+            self.output.flush()
+            if response is not None:
+                self._emit(AssistantAudioCleared(response.response_id))
+
+    @property
+    def active_response(self) -> Response | None:
+        if self._response is not None and self._response.status == "in_progress":
+            return self._response
+        return None
+
+    async def close(self) -> None:
+        """Stop everything this session started; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_speculation()
+        if self._turn_task is not None:
+            self._turn_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._turn_task
+        responses = list(self._live_responses)
+        for response in responses:
+            response.cancel("session_closed")
+        for response in responses:
+            await response.wait_closed()
+        self._live_responses.clear()

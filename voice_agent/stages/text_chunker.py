@@ -1,0 +1,99 @@
+"""Cut a streaming LLM reply into pieces worth synthesising on their own.
+
+Speaking starts when the first piece is ready, so the first cut comes early:
+at the first clause boundary (comma, colon, dash...) once a few words are in.
+Later pieces prefer whole sentences, which Piper phrases more naturally, but
+still cut long sentences at clauses so no piece waits on many tokens.
+Text meant for the eye (markdown, emoji) is removed before it is spoken.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s")
+_CLAUSE_END = re.compile(r"[,;:—–]\s|\s[-–—]\s")
+# Abbreviations whose period does not end a sentence.
+_ABBREVIATIONS = {
+    "mr.",
+    "mrs.",
+    "ms.",
+    "dr.",
+    "prof.",
+    "sr.",
+    "jr.",
+    "st.",
+    "vs.",
+    "etc.",
+    "e.g.",
+    "i.e.",
+    "approx.",
+    "no.",
+    "inc.",
+    "ltd.",
+    "co.",
+    "mt.",
+    "u.s.",
+}
+_MARKDOWN = re.compile(r"(\*\*|__|`+|^#+\s*|^\s*[-*+]\s+|^\s*\d+\.\s+)", re.MULTILINE)
+_LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
+_EMOJI = re.compile(
+    "[\U0001f000-\U0001faff\U00002600-\U000027bf\U0001f900-\U0001f9ff\ufe0f\u200d]+"
+)
+_SPACES = re.compile(r"\s+")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,!?;:])")
+
+
+def speakable(text: str) -> str:
+    """Strip markup and symbols that would be read out literally."""
+    text = _LINK.sub(r"\1", text)
+    text = _MARKDOWN.sub("", text)
+    text = _EMOJI.sub("", text)
+    text = text.replace("*", "").replace("#", "")
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", _SPACES.sub(" ", text)).strip()
+
+
+class TextChunker:
+    def __init__(self, first_min_words: int = 2, clause_min_words: int = 6) -> None:
+        self._buffer = ""
+        self._first_min_words = first_min_words
+        self._clause_min_words = clause_min_words
+        self._emitted = 0
+
+    def push(self, delta: str) -> list[str]:
+        """Add streamed text; return the pieces that are now complete."""
+        self._buffer += delta
+        pieces: list[str] = []
+        while True:
+            cut = self._find_cut()
+            if cut is None:
+                return pieces
+            piece, self._buffer = self._buffer[:cut], self._buffer[cut:]
+            spoken = speakable(piece)
+            if spoken:
+                pieces.append(spoken)
+                self._emitted += 1
+
+    def flush(self) -> list[str]:
+        """End of the reply: whatever is left is the last piece."""
+        rest, self._buffer = speakable(self._buffer), ""
+        return [rest] if rest else []
+
+    def _find_cut(self) -> int | None:
+        for match in _SENTENCE_END.finditer(self._buffer):
+            if not self._is_abbreviation(match.start()):
+                return match.end()
+        min_words = self._first_min_words if self._emitted == 0 else self._clause_min_words
+        for match in _CLAUSE_END.finditer(self._buffer):
+            if len(self._buffer[: match.start()].split()) >= min_words:
+                return match.end()
+        return None
+
+    def _is_abbreviation(self, period_index: int) -> bool:
+        word_start = self._buffer.rfind(" ", 0, period_index) + 1
+        word = self._buffer[word_start : period_index + 1].lower()
+        if word in _ABBREVIATIONS:
+            return True
+        # "3.5" is not a sentence end, nor is a single initial ("J. Smith").
+        before = self._buffer[word_start:period_index]
+        return len(before) == 1 and before.isalpha() and before.isupper()
