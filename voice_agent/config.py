@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     turn_silence_ms: int = Field(
         500, ge=100, le=5000, description="Silence that ends the user's turn."
     )
+    vad_floor_dbfs: float = Field(
+        -50.0, le=0, description="Frames quieter than this are silence, whatever the VAD says."
+    )
     speech_start_ms: int = Field(
         100, ge=20, le=2000, description="Speech needed before a turn (and barge-in) starts."
     )

@@ -24,13 +24,14 @@ class Engine:
         self.settings = settings
         self.models: Models | None = None
         self.llama: EmbeddedLlamaServer | None = None
+        self._started = False
         self.model_name = settings.llm_model or MODEL_ALIAS
         self.voice_name = Path(settings.tts_voice).stem if settings.tts_voice else "joe"
 
     @property
     def ready(self) -> bool:
         llama_ok = self.llama is None or self.llama.running
-        return self.models is not None and llama_ok
+        return self._started and llama_ok
 
     async def start(self) -> None:
         s = self.settings
@@ -43,6 +44,7 @@ class Engine:
         self.models = Models(vad=vad, stt=stt, tts=tts, llm=llm)
         if s.preload:
             await self._warm_up()
+        self._started = True
         log.info("engine ready", extra={"seconds": round(time.perf_counter() - started, 2)})
 
     async def _start_llm(self) -> LlmBackend:
@@ -89,6 +91,7 @@ class Engine:
                 threshold=s.vad_threshold if s.vad == "silero" else 0.5,
             ),
             reply=ReplySettings(max_tokens=s.llm_max_tokens, temperature=s.llm_temperature),
+            vad_floor_dbfs=s.vad_floor_dbfs,
         )
 
     async def stop(self) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import BodyPartReader, web
+from aiortc.sdp import SessionDescription
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
@@ -55,11 +56,21 @@ class OfferError(Exception):
 
 
 def validate_offer(sdp: str) -> None:
+    """Refuse what a peer connection would refuse, before making one."""
     if not sdp.lstrip().startswith("v=0"):
         raise OfferError(400, "invalid_sdp", "body is not an SDP offer (it must start with v=0)")
-    media = [line for line in sdp.splitlines() if line.startswith("m=")]
-    if not any(line.startswith("m=audio") for line in media):
+    try:
+        parsed = SessionDescription.parse(sdp)
+    except (ValueError, IndexError, KeyError) as exc:
+        raise OfferError(400, "invalid_sdp", f"the offer could not be parsed: {exc}") from None
+    audio = [media for media in parsed.media if media.kind == "audio"]
+    if not audio:
         raise OfferError(400, "no_audio", "the offer has no audio media section")
+    for media in audio:
+        if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
+            raise OfferError(400, "invalid_sdp", "the audio section has no ICE credentials")
+        if media.dtls is None or not media.dtls.fingerprints:
+            raise OfferError(400, "invalid_sdp", "the audio section has no DTLS fingerprint")
 
 
 async def read_offer(request: web.Request, limit: int) -> tuple[str, dict[str, Any] | None]:

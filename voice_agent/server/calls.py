@@ -15,6 +15,7 @@ class CallRegistry:
         self.max_calls = max_calls
         self._calls: dict[str, Call] = {}
         self._reserved = 0  # admitted, still negotiating
+        self._changed = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -35,12 +36,24 @@ class CallRegistry:
 
     def add(self, call: Call) -> None:
         self._calls[call.id] = call
+        self._notify()
 
     def get(self, call_id: str) -> Call | None:
         return self._calls.get(call_id)
 
     def discard(self, call: Call) -> None:
         self._calls.pop(call.id, None)
+        self._notify()
+
+    def _notify(self) -> None:
+        # Wake everyone waiting on the current event, then start a fresh one.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for_count(self, count: int) -> None:
+        """Wait until exactly ``count`` calls are live (e.g. to drain)."""
+        while len(self._calls) != count:
+            await self._changed.wait()
 
     def calls(self) -> list[Call]:
         return list(self._calls.values())

@@ -43,6 +43,7 @@ from voice_agent.stages.turns import (
     TurnDetector,
     TurnEnded,
 )
+from voice_agent.stages.vad import SpeechDetector
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class SessionConfig:
     history_turns: int
     turn: TurnConfig
     reply: ReplySettings
+    vad_floor_dbfs: float = -50.0
 
 
 @dataclass
@@ -88,7 +90,7 @@ class VoiceSession:
         self.output = output
         self._emit = emit
         self.conversation = Conversation(config.instructions, config.history_turns)
-        self._vad = models.vad.new_stream()
+        self._speech = SpeechDetector(models.vad, config.vad_floor_dbfs)
         self._detector = TurnDetector(config.turn)
         self._pending = np.zeros(0, dtype=np.int16)
         self._item_id: str | None = None  # the user turn being spoken
@@ -110,7 +112,7 @@ class VoiceSession:
         full = len(data) - len(data) % FRAME_SAMPLES
         for start in range(0, full, FRAME_SAMPLES):
             frame = data[start : start + FRAME_SAMPLES]
-            probability = self._vad.speech_probability(frame)
+            probability = self._speech.probability(frame)
             if probability >= self.config.turn.threshold:
                 self._last_voiced_at = now()
             for event in self._detector.push(frame, probability):

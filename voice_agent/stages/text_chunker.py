@@ -54,7 +54,7 @@ def speakable(text: str) -> str:
 
 
 class TextChunker:
-    def __init__(self, first_min_words: int = 2, clause_min_words: int = 6) -> None:
+    def __init__(self, first_min_words: int = 1, clause_min_words: int = 6) -> None:
         self._buffer = ""
         self._first_min_words = first_min_words
         self._clause_min_words = clause_min_words

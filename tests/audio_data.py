@@ -1,0 +1,62 @@
+"""Recorded human speech for the tests (CMU Sphinx test data, BSD licence:
+see tests/data/COPYING.pocketsphinx)."""
+
+from __future__ import annotations
+
+import re
+import wave
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).parent / "data"
+RATE = 16_000
+
+
+def librivox(clip: str) -> np.ndarray:
+    """16 kHz mono int16 samples of one LibriVox test recording."""
+    with wave.open(str(DATA / f"sense_and_sensibility_01_austen_64kb-{clip}.wav")) as handle:
+        assert handle.getframerate() == RATE and handle.getnchannels() == 1
+        return np.frombuffer(handle.readframes(handle.getnframes()), dtype=np.int16).copy()
+
+
+def goforward() -> np.ndarray:
+    """ "go forward ten meters", 16 kHz mono int16 raw."""
+    return np.fromfile(DATA / "goforward.raw", dtype="<i2").astype(np.int16)
+
+
+def reference(clip: str) -> str:
+    for line in (DATA / "transcription").read_text().splitlines():
+        match = re.match(r"<s> (.*) </s> \((.*)\)", line.strip())
+        if match and match.group(2).endswith(clip):
+            return match.group(1)
+    raise KeyError(clip)
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * RATE), dtype=np.int16)
+
+
+def words(text: str) -> list[str]:
+    text = text.lower().replace("-", " ").replace("mr.", "mister")
+    return re.sub(r"[^a-z' ]", " ", text).split()
+
+
+def word_error_rate(reference_text: str, hypothesis: str) -> float:
+    ref, hyp = words(reference_text), words(hypothesis)
+    dist = list(range(len(hyp) + 1))
+    for i in range(1, len(ref) + 1):
+        prev, dist[0] = dist[0], i
+        for j in range(1, len(hyp) + 1):
+            cur = min(dist[j] + 1, dist[j - 1] + 1, prev + (ref[i - 1] != hyp[j - 1]))
+            prev, dist[j] = dist[j], cur
+    return dist[len(hyp)] / max(1, len(ref))
+
+
+def speech_bounds(samples: np.ndarray, threshold_db: float = -35.0) -> tuple[float, float]:
+    """First and last 10 ms window (in seconds) louder than ``threshold_db``."""
+    window = RATE // 100
+    frames = samples[: len(samples) // window * window].reshape(-1, window).astype(np.float64)
+    level = 10 * np.log10(np.mean(frames**2, axis=1) / 32768.0**2 + 1e-12)
+    loud = np.nonzero(level > threshold_db)[0]
+    return loud[0] / 100.0, (loud[-1] + 1) / 100.0

@@ -1,0 +1,95 @@
+"""Shared fixtures: one real engine (real models, real llama.cpp server) per
+test run, and servers built on it with per-test settings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from voice_agent.config import Settings
+from voice_agent.engine import Engine
+from voice_agent.server.app import CALLS, build_app
+from voice_agent.server.calls import CallRegistry
+
+# aioice never offers 127.0.0.1 as a candidate; pin both peers to loopback so
+# every test call stays on this machine.
+LOOPBACK = ["127.0.0.1"]
+
+
+def test_settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "ice_host_addresses": LOOPBACK,
+        "log_format": "text",
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def engine() -> AsyncIterator[Engine]:
+    engine = Engine(test_settings())
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+class RunningServer:
+    def __init__(self, app: web.Application, runner: web.AppRunner, url: str) -> None:
+        self.app = app
+        self.runner = runner
+        self.url = url
+
+    @property
+    def calls(self) -> CallRegistry:
+        return self.app[CALLS]
+
+
+ServerFactory = Callable[..., Awaitable[RunningServer]]
+
+
+@asynccontextmanager
+async def run_server(settings: Settings, engine: Engine) -> AsyncIterator[RunningServer]:
+    app = build_app(settings, engine)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield RunningServer(app, runner, f"http://127.0.0.1:{port}")
+    finally:
+        await runner.cleanup()
+
+
+@pytest_asyncio.fixture
+async def server_factory(engine: Engine) -> AsyncIterator[ServerFactory]:
+    stack: list[Any] = []
+
+    async def make(**overrides: Any) -> RunningServer:
+        context = run_server(test_settings(**overrides), engine)
+        server = await context.__aenter__()
+        stack.append(context)
+        return server
+
+    yield make
+    for context in reversed(stack):
+        await context.__aexit__(None, None, None)
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

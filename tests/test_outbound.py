@@ -1,0 +1,118 @@
+"""The paced outbound track: schedule, backpressure and flush."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from voice_agent.rtc.outbound import FRAME_SAMPLES, PacedAudioTrack
+
+
+def tone(frames: int, value: int = 1000) -> np.ndarray:
+    return np.full(frames * FRAME_SAMPLES, value, dtype=np.int16)
+
+
+def level(frame: object) -> int:
+    return int(np.abs(frame.to_ndarray()).max())  # type: ignore[attr-defined]
+
+
+async def test_n_frames_take_n_times_20ms_without_drift() -> None:
+    """A consumer that spends 5 ms on every frame (as an encoder does) must
+    not slow the clock: frame n is due at start + n x 20 ms, not 25 ms."""
+    track = PacedAudioTrack()
+    n = 100
+    sent_at: list[float] = []
+    for _ in range(n + 1):
+        await track.recv()
+        sent_at.append(time.monotonic())
+        time.sleep(0.005)  # noqa: ASYNC251 - the encoder's share, blocking like real work
+    elapsed = sent_at[-1] - sent_at[0]
+    assert elapsed == pytest.approx(n * 0.020, abs=0.03)  # drifting pacing: 2.5 s
+    assert all(later >= earlier for earlier, later in itertools.pairwise(sent_at))
+    assert track.stats.frames == n + 1
+    track.stop()
+
+
+async def test_frame_timestamps_are_contiguous() -> None:
+    track = PacedAudioTrack()
+    frames = [await track.recv() for _ in range(5)]
+    assert [f.pts for f in frames] == [i * FRAME_SAMPLES for i in range(5)]
+    assert all(f.sample_rate == 48_000 and f.samples == FRAME_SAMPLES for f in frames)
+    track.stop()
+
+
+async def test_silence_when_idle_then_audio_in_order() -> None:
+    track = PacedAudioTrack()
+    assert level(await track.recv()) == 0
+    await track.write(np.concatenate((tone(1, 100), tone(1, 200))))
+    assert [level(await track.recv()) for _ in range(3)] == [100, 200, 0]
+    track.stop()
+
+
+async def test_writer_waits_while_the_buffer_is_full() -> None:
+    track = PacedAudioTrack(buffer_ms=100)  # 5 frames
+    writer = asyncio.create_task(track.write(tone(12)))
+    await asyncio.sleep(0.05)
+    assert not writer.done()  # backpressure: only the buffer's worth is queued
+    assert track.buffered_frames == 5
+    for _ in range(12):
+        await track.recv()
+    await asyncio.wait_for(writer, 1.0)
+    assert track.buffered_frames == 0
+    track.stop()
+
+
+async def test_flush_takes_effect_on_the_next_frame() -> None:
+    track = PacedAudioTrack(buffer_ms=200)
+    await track.write(tone(8))
+    assert level(await track.recv()) > 0
+    track.flush()
+    assert level(await track.recv()) == 0
+    assert track.buffered_frames == 0
+    await asyncio.wait_for(track.drain(), 0.1)
+    track.stop()
+
+
+async def test_flush_releases_a_blocked_writer_without_queuing_its_rest() -> None:
+    track = PacedAudioTrack(buffer_ms=40)
+    writer = asyncio.create_task(track.write(tone(10)))
+    await asyncio.sleep(0.01)
+    writer.cancel()  # a barge-in cancels the producer, then flushes
+    track.flush()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    assert [level(await track.recv()) for _ in range(3)] == [0, 0, 0]
+    track.stop()
+
+
+async def test_audio_arriving_while_idle_is_not_held_to_the_next_slot() -> None:
+    track = PacedAudioTrack()
+    await track.recv()  # the clock starts
+    receiving = asyncio.create_task(track.recv())
+    await asyncio.sleep(0.003)
+    written = time.monotonic()
+    await track.write(tone(2))
+    frame = await receiving
+    assert level(frame) > 0
+    assert time.monotonic() - written < 0.010  # sent at once, not ~17 ms later
+    # The schedule re-anchors on that frame: the next one is due 20 ms later.
+    start = time.monotonic()
+    await track.recv()
+    assert time.monotonic() - start == pytest.approx(0.020, abs=0.008)
+    track.stop()
+
+
+async def test_partial_tail_is_padded_and_reported_by_tag() -> None:
+    track = PacedAudioTrack()
+    seen: list[object] = []
+    track.on_audio_frame = seen.append
+    await track.write(np.full(FRAME_SAMPLES + 100, 500, dtype=np.int16), tag="reply-1")
+    await track.finish()
+    assert [level(await track.recv()) for _ in range(3)] == [500, 500, 0]
+    assert seen == ["reply-1", "reply-1"]
+    await asyncio.wait_for(track.drain(), 0.1)
+    track.stop()

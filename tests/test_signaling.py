@@ -1,0 +1,256 @@
+"""Every way signaling can go wrong gets a clear answer and leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+
+import aiohttp
+import pytest
+from aiortc import RTCPeerConnection
+
+from tests.conftest import ServerFactory
+from voice_agent.client import RealtimeClient
+from voice_agent.rtc.call import Call
+
+CALLS = "/v1/realtime/calls"
+
+
+async def real_offer() -> tuple[RTCPeerConnection, str]:
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio", direction="sendrecv")
+    pc.createDataChannel("oai-events")
+    await pc.setLocalDescription(await pc.createOffer())
+    return pc, pc.localDescription.sdp
+
+
+VIDEO_ONLY_SDP = (
+    "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n"
+    "m=video 9 UDP/TLS/RTP/SAVPF 96\r\nc=IN IP4 0.0.0.0\r\na=rtpmap:96 VP8/90000\r\n"
+)
+BROKEN_AUDIO_SDP = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\nthis is not sdp\r\n"
+
+
+async def post(
+    http: aiohttp.ClientSession, url: str, body: bytes | str, content_type: str = "application/sdp"
+) -> tuple[int, dict[str, str], str]:
+    async with http.post(url + CALLS, data=body, headers={"Content-Type": content_type}) as r:
+        return r.status, dict(r.headers), await r.text()
+
+
+async def test_wrong_content_type_is_415(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    status, headers, body = await post(http, server.url, "v=0", "application/json")
+    assert status == 415
+    assert "application/sdp" in body and headers["Content-Type"].startswith("application/json")
+
+
+async def test_oversized_body_is_413(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(max_offer_bytes=4096)
+    status, _, body = await post(http, server.url, "v=0\r\n" + "a=x\r\n" * 2000)
+    assert status == 413 and "body_too_large" in body
+
+    async def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(10):
+            yield b"a=padding-padding-padding-padding-padding\r\n" * 20
+
+    async with http.post(
+        server.url + CALLS, data=chunks(), headers={"Content-Type": "application/sdp"}
+    ) as response:
+        assert response.status == 413
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"hello", "invalid_sdp"),
+        (b"\xff\xfe\x00garbage", "invalid_sdp"),
+        (VIDEO_ONLY_SDP.encode(), "no_audio"),
+        (BROKEN_AUDIO_SDP.encode(), "invalid_sdp"),
+    ],
+)
+async def test_bad_offers_are_400_with_a_json_error(
+    server_factory: ServerFactory, http: aiohttp.ClientSession, body: bytes, code: str
+) -> None:
+    server = await server_factory()
+    status, headers, text = await post(http, server.url, body)
+    assert status == 400, text
+    assert headers["Content-Type"].startswith("application/json")
+    assert f'"code": "{code}"' in text
+    assert len(server.calls) == 0
+
+
+async def test_server_full_is_503_with_retry_after(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(max_calls=1)
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    calls_before = len(server.calls)
+    pc, offer = await real_offer()
+    status, headers, body = await post(http, server.url, offer)
+    await pc.close()
+    assert status == 503 and headers["Retry-After"].isdigit() and "server_full" in body
+    assert len(server.calls) == calls_before == 1
+    async with http.get(server.url + "/readyz") as ready:
+        assert ready.status == 503 and (await ready.json())["status"] == "full"
+    await client.hangup(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+
+
+async def test_hangup_with_delete(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    assert client.location is not None and client.location.startswith(CALLS + "/rtc_")
+    async with http.delete(server.url + client.location) as response:
+        assert response.status == 204
+    assert len(server.calls) == 0
+    async with http.delete(server.url + client.location) as response:
+        assert response.status == 404
+    await client.hangup()
+
+
+async def test_unknown_call_is_404(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    async with http.delete(server.url + CALLS + "/rtc_nope") as response:
+        assert response.status == 404
+        assert (await response.json())["error"]["code"] == "call_not_found"
+
+
+async def test_a_call_that_never_connects_is_released(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(connect_timeout_s=1.0)
+    pc, offer = await real_offer()
+    status, _, _ = await post(http, server.url, offer)
+    assert status == 201
+    assert len(server.calls) == 1
+    await pc.close()  # never applies the answer: no ICE, no DTLS
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+
+
+async def test_a_peer_that_disappears_is_released(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(disconnect_grace_s=0.5)
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    assert len(server.calls) == 1
+    await client.pc.close()  # no DELETE: the peer just goes away
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_calls_end_at_the_maximum_duration(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(max_call_duration_s=1.5)
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 6)
+    await client.hangup()
+
+
+async def test_cors_preflight_and_exposed_location(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(cors_origins=["https://app.example"])
+    headers = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    async with http.options(server.url + CALLS, headers=headers) as response:
+        assert response.status == 204
+        assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        allowed = response.headers["Access-Control-Allow-Headers"].lower()
+        assert "authorization" in allowed and "content-type" in allowed
+    async with http.options(
+        server.url + CALLS, headers={**headers, "Origin": "https://evil.example"}
+    ) as response:
+        assert "Access-Control-Allow-Origin" not in response.headers
+    status, _, _ = await post(http, server.url, b"nope")
+    assert status == 400  # errors carry CORS headers too, so browsers can read them
+    async with http.post(
+        server.url + CALLS,
+        data=b"x",
+        headers={"Content-Type": "application/sdp", "Origin": "https://app.example"},
+    ) as response:
+        assert response.headers["Access-Control-Expose-Headers"] == "Location"
+
+
+async def test_health_and_readiness(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    async with http.get(server.url + "/healthz") as response:
+        assert response.status == 200
+    async with http.get(server.url + "/readyz") as response:
+        assert response.status == 200 and (await response.json())["ready"] is True
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_fifty_bad_requests_leave_nothing_behind(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(max_offer_bytes=4096)
+    bodies: list[tuple[bytes, str]] = [
+        (b"nonsense", "application/sdp"),
+        (VIDEO_ONLY_SDP.encode(), "application/sdp"),
+        (BROKEN_AUDIO_SDP.encode(), "application/sdp"),
+        (b"v=0", "text/plain"),
+        (b"v=0\r\n" + b"a=x\r\n" * 2000, "application/sdp"),
+    ]
+    # Warm up once so lazily created pools don't count as leaks.
+    await post(http, server.url, b"nonsense")
+    gc.collect()
+    tasks_before = len(asyncio.all_tasks())
+    fds_before = open_fds()
+    calls_before = sum(isinstance(o, Call) for o in gc.get_objects())
+    pcs_before = sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects())
+    for i in range(50):
+        body, content_type = bodies[i % len(bodies)]
+        status, _, _ = await post(http, server.url, body, content_type)
+        assert status in (400, 413, 415)
+    await asyncio.sleep(0.1)
+    gc.collect()
+    assert len(server.calls) == 0
+    assert len(asyncio.all_tasks()) <= tasks_before
+    assert open_fds() <= fds_before + 2  # the client's keep-alive pool may settle
+    assert sum(isinstance(o, Call) for o in gc.get_objects()) == calls_before
+    assert sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects()) == pcs_before
+
+
+async def test_a_malformed_offer_never_reaches_a_peer_connection(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    gc.collect()
+    pcs_before = sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects())
+    created: list[object] = []
+    original = RTCPeerConnection.__init__
+
+    def spy(self: RTCPeerConnection, *args: object, **kwargs: object) -> None:
+        created.append(self)
+        original(self, *args, **kwargs)
+
+    RTCPeerConnection.__init__ = spy  # type: ignore[method-assign]
+    try:
+        status, _, _ = await post(http, server.url, BROKEN_AUDIO_SDP.encode())
+    finally:
+        RTCPeerConnection.__init__ = original  # type: ignore[method-assign]
+    assert status == 400
+    assert created == []
+    assert sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects()) == pcs_before

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from voice_agent.stages.text_chunker import TextChunker, speakable
+
+
+def feed(text: str, step: int = 3) -> list[str]:
+    chunker = TextChunker()
+    pieces: list[str] = []
+    for i in range(0, len(text), step):
+        pieces += chunker.push(text[i : i + step])
+    return pieces + chunker.flush()
+
+
+def test_first_piece_is_cut_at_the_first_clause() -> None:
+    pieces = feed("Well, I think you might want to go to the store today, then come home.")
+    assert pieces[0] == "Well,"
+    assert pieces[1] == "I think you might want to go to the store today,"
+
+
+def test_sentences_are_cut_and_nothing_is_lost() -> None:
+    text = "Sure thing. The price is 3.5 dollars today! Is that all? Great."
+    pieces = feed(text)
+    assert pieces == ["Sure thing.", "The price is 3.5 dollars today!", "Is that all?", "Great."]
+
+
+def test_abbreviations_and_initials_do_not_end_sentences() -> None:
+    pieces = feed("Ask Dr. Smith and J. Jones about it. Then call Mr. Brown.")
+    assert pieces == ["Ask Dr. Smith and J. Jones about it.", "Then call Mr. Brown."]
+
+
+def test_long_sentences_are_cut_at_clauses_after_the_first_piece() -> None:
+    pieces = feed(
+        "Yes. When you arrive at the station in the morning, take the second exit on the left, "
+        "and walk for ten minutes."
+    )
+    assert pieces[0] == "Yes."
+    assert pieces[1].endswith("morning,")
+    assert " ".join(pieces).count("ten minutes") == 1
+
+
+def test_markdown_and_emoji_are_not_spoken() -> None:
+    assert speakable("**Bold** and `code` 😀 [a link](http://x) # heading") == (
+        "Bold and code a link heading"
+    )
+    assert feed("- one 🙂.\n- **two**.") == ["one.", "two."]
+
+
+def test_flush_returns_the_unterminated_tail() -> None:
+    chunker = TextChunker()
+    assert chunker.push("no punctuation at all") == []
+    assert chunker.flush() == ["no punctuation at all"]
+    assert chunker.flush() == []

@@ -1,0 +1,110 @@
+"""Turn detection on recorded speech, through the real WebRTC VAD."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.audio_data import goforward, librivox, silence, speech_bounds
+from voice_agent.backends.vad_silero import SileroVad
+from voice_agent.backends.vad_webrtc import WebRtcVad
+from voice_agent.stages.turns import (
+    FRAME_SAMPLES,
+    Paused,
+    Resumed,
+    SpeechStarted,
+    TurnConfig,
+    TurnDetector,
+    TurnEnded,
+    TurnEvent,
+)
+from voice_agent.stages.vad import SpeechDetector
+
+
+def run(audio: np.ndarray, config: TurnConfig, vad: str = "webrtc") -> list[TurnEvent]:
+    speech = SpeechDetector(WebRtcVad(3) if vad == "webrtc" else SileroVad())
+    detector = TurnDetector(config)
+    events: list[TurnEvent] = []
+    for start in range(0, len(audio) - FRAME_SAMPLES + 1, FRAME_SAMPLES):
+        frame = audio[start : start + FRAME_SAMPLES]
+        events += detector.push(frame, speech.probability(frame))
+    return events
+
+
+@pytest.mark.parametrize("vad", ["webrtc", "silero"])
+@pytest.mark.parametrize("clip", ["0880", "0930"])
+def test_one_utterance_is_one_turn(clip: str, vad: str) -> None:
+    speech = librivox(clip)
+    audio = np.concatenate((silence(1.0), speech, silence(1.5)))
+    onset, end = speech_bounds(speech)
+    config = TurnConfig(turn_silence_ms=600, threshold=0.5)
+    events = run(audio, config, vad)
+
+    started = [e for e in events if isinstance(e, SpeechStarted)]
+    ended = [e for e in events if isinstance(e, TurnEnded)]
+    assert len(started) == 1 and len(ended) == 1
+    # The onset is found within 0.25 s of the speech (an audible breath may
+    # come first), and the turn reaches back before it by the pre-roll, so
+    # the first syllable is kept.
+    detected = (started[0].audio_start_ms + config.preroll_ms) / 1000
+    assert detected == pytest.approx(1.0 + onset, abs=0.25)
+    assert started[0].audio_start_ms / 1000 <= 1.0 + onset - 0.1
+    # The turn ends at the last word (not at the end of the trailing silence).
+    assert ended[0].audio_end_ms / 1000 == pytest.approx(1.0 + end, abs=0.25)
+    assert ended[0].silence_ms >= 600
+    turn_seconds = len(ended[0].audio) / 16000
+    assert turn_seconds == pytest.approx(
+        (ended[0].audio_end_ms - ended[0].audio_start_ms) / 1000, abs=0.15
+    )
+
+
+def test_a_short_pause_is_not_the_end_of_the_turn() -> None:
+    first, second = librivox("0880"), goforward()[int(0.45 * 16000) :]
+    audio = np.concatenate((silence(0.5), first, second, silence(1.2)))
+    events = run(audio, TurnConfig(turn_silence_ms=700, early_ms=150))
+    kinds = [type(e).__name__ for e in events]
+    assert kinds.count("SpeechStarted") == 1
+    assert kinds.count("TurnEnded") == 1
+    # The pause between the clips is seen (speculation starts) and then undone.
+    assert "Paused" in kinds and "Resumed" in kinds
+    assert kinds.index("Resumed") < kinds.index("TurnEnded")
+    ended = next(e for e in events if isinstance(e, TurnEnded))
+    assert len(ended.audio) / 16000 > 4.0  # both phrases in one turn
+
+
+def test_two_utterances_separated_by_silence_are_two_turns() -> None:
+    audio = np.concatenate(
+        (silence(0.5), librivox("0880"), silence(1.5), librivox("0930"), silence(1.5))
+    )
+    events = run(audio, TurnConfig(turn_silence_ms=500))
+    assert [type(e).__name__ for e in events if not isinstance(e, Paused | Resumed)] == [
+        "SpeechStarted",
+        "TurnEnded",
+        "SpeechStarted",
+        "TurnEnded",
+    ]
+
+
+def test_pause_audio_matches_the_final_turn_when_nothing_follows() -> None:
+    """The speculative transcript is reused only if it saw the whole turn."""
+    audio = np.concatenate((silence(0.5), librivox("0930"), silence(1.0)))
+    events = run(audio, TurnConfig(turn_silence_ms=500, early_ms=150))
+    pauses = [e for e in events if isinstance(e, Paused)]
+    ended = next(e for e in events if isinstance(e, TurnEnded))
+    assert pauses[-1].audio_end_ms == ended.audio_end_ms
+    assert np.array_equal(pauses[-1].audio, ended.audio)
+
+
+@pytest.mark.parametrize("vad", ["webrtc", "silero"])
+def test_silence_and_noise_make_no_turn(vad: str) -> None:
+    rng = np.random.default_rng(0)
+    noise = (rng.normal(0, 30, 16000 * 3)).astype(np.int16)  # a quiet room, about -61 dBFS
+    assert run(np.concatenate((silence(1.0), noise)), TurnConfig(), vad) == []
+
+
+def test_silence_setting_changes_the_end_of_turn_delay() -> None:
+    audio = np.concatenate((silence(0.5), librivox("0880"), silence(2.0)))
+    short = next(e for e in run(audio, TurnConfig(turn_silence_ms=300)) if isinstance(e, TurnEnded))
+    long = next(e for e in run(audio, TurnConfig(turn_silence_ms=1200)) if isinstance(e, TurnEnded))
+    assert short.silence_ms == 300 and long.silence_ms == 1200
+    assert short.audio_end_ms == long.audio_end_ms
