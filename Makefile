@@ -42,8 +42,9 @@ $(WHEELS)/.llama-cpp-built: | $(PY)
 	@mkdir -p $(WHEELS)
 	@echo "==> building $(LLAMA_CPP) from source (one time, several minutes)"
 	@set -o pipefail; $(PIP) wheel --no-deps --wheel-dir $(WHEELS) -v "$(LLAMA_CPP)" 2>&1 \
-		| grep --line-buffered -E '^\s*\[[0-9]+/[0-9]+\]|Successfully|ERROR|error:' \
+		| { grep --line-buffered -E '^\s*\[[0-9]+/[0-9]+\]|Successfully|Saved|ERROR|error:' || true; } \
 		| sed -u -E 's/^\s*(\[[0-9]+\/[0-9]+\]).* -o ([^ ]+).*/   \1 \2/'
+	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null
 	@touch $@
 
 $(STAMP): pyproject.toml constraints.txt $(WHEELS)/.llama-cpp-built | $(PY)

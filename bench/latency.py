@@ -1,0 +1,219 @@
+"""Voice-to-voice latency, measured by a real WebRTC client.
+
+Starts ``voice-agent serve`` in its own process (embedded models), connects
+real aiortc peers over loopback, speaks recorded human speech and measures,
+on the client, the time from the end of speech in the audio it sent to the
+first audible audio it received. Prints per-turn rows, p50/p95, the server's
+own per-stage breakdown, and (with --calls N) pacing and memory under load.
+
+    .venv/bin/python bench/latency.py                 # 10 turns, one call
+    .venv/bin/python bench/latency.py --calls 10      # 10 concurrent calls
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.audio_data import librivox, silence, speech_bounds  # noqa: E402
+from voice_agent.client import RealtimeClient  # noqa: E402
+from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+
+CLIPS = ["0880", "0930", "0890", "0920", "0870"]
+STAGES = [
+    ("end_of_turn_delay_ms", "end of turn"),
+    ("stt_final_after_speech_end_ms", "STT final"),
+    ("llm_first_token_after_speech_end_ms", "LLM 1st token"),
+    ("tts_first_audio_after_speech_end_ms", "TTS 1st audio"),
+    ("voice_to_voice_ms", "1st frame sent"),
+    ("server_overhead_ms", "server overhead"),
+]
+
+
+@dataclass
+class Turn:
+    call: int
+    clip: str
+    client_ms: float | None
+    status: str
+    server: dict[str, float] = field(default_factory=dict)
+    speculative: bool = False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children (the llama.cpp server)."""
+    total = 0
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(p) for p in children.read_text().split()]
+    for each in pids:
+        for line in Path(f"/proc/{each}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def speech_and_tail(clip: str) -> tuple[np.ndarray, np.ndarray]:
+    audio = librivox(clip)
+    _, end = speech_bounds(audio)
+    cut = int((end + 0.02) * 16000)
+    return audio[:cut], silence(1.5)
+
+
+async def one_call(url: str, http: aiohttp.ClientSession, index: int, turns: int,
+                   gap_s: float) -> tuple[list[Turn], dict[str, float]]:
+    client = RealtimeClient(url)
+    offered = time.monotonic()
+    await client.connect(http)
+    connected = time.monotonic()
+    await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    setup = {"connect_ms": (connected - offered) * 1000}
+    results: list[Turn] = []
+    for turn in range(turns):
+        clip = CLIPS[(turn + index) % len(CLIPS)]
+        speech, tail = speech_and_tail(clip)
+        mark = len(client.events)
+        done = client.wait_for(lambda e: e.get("type") == "response.done", after=mark)
+        speech_end = await client.mic.play(speech, 16000)
+        client.mic.play(tail, 16000)
+        try:
+            event = await asyncio.wait_for(done, 60)
+        except TimeoutError:
+            results.append(Turn(index, clip, None, "timeout"))
+            continue
+        response = event["response"]
+        first = client.received.first_sound_after(speech_end)
+        metadata = response.get("metadata") or {}
+        results.append(Turn(
+            index, clip, (first - speech_end) * 1000 if first else None, response["status"],
+            {k: float(v) for k, v in metadata.items() if k != "speculative"},
+            metadata.get("speculative") == "true",
+        ))
+        await asyncio.sleep(gap_s)
+    await client.hangup(http)
+    return results, setup
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    line = lambda r: "| " + " | ".join(str(x).rjust(w) for x, w in zip(r, widths, strict=False)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep, *(line(r) for r in rows)])
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--calls", type=int, default=1, help="concurrent calls")
+    parser.add_argument("--turns", type=int, default=10, help="turns per call")
+    parser.add_argument("--gap", type=float, default=0.5, help="seconds between turns")
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="extra flag for voice-agent serve (repeatable)")
+    args = parser.parse_args()
+
+    restrict_host_addresses(["127.0.0.1"])
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "voice_agent", "serve", "--port", str(port),
+        "--ice-host-addresses", "127.0.0.1", "--log-level", "WARNING",
+        "--max-calls", str(max(args.calls, 20)), *args.server_arg,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with asyncio.timeout(120):
+                while True:
+                    try:
+                        async with http.get(url + "/readyz") as response:
+                            if response.status == 200:
+                                break
+                    except aiohttp.ClientConnectionError:
+                        pass
+                    await asyncio.sleep(0.25)  # the server is booting: not on any media path
+            idle_rss = rss_mb(server.pid)
+            peak_rss = idle_rss
+
+            async def sample_memory() -> None:
+                nonlocal peak_rss
+                while True:
+                    peak_rss = max(peak_rss, rss_mb(server.pid))
+                    await asyncio.sleep(0.5)
+
+            sampler = asyncio.create_task(sample_memory())
+            started = time.monotonic()
+            outcomes = await asyncio.gather(*(
+                one_call(url, http, i, args.turns, args.gap) for i in range(args.calls)
+            ))
+            wall = time.monotonic() - started
+            sampler.cancel()
+            await asyncio.sleep(1.0)
+            async with http.get(url + "/v1/stats") as response:
+                stats = await response.json()
+            after_rss = rss_mb(server.pid)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        await server.wait()
+
+    turns = [t for result, _ in outcomes for t in result]
+    setups = [s for _, s in outcomes]
+    rows = [[t.call, t.clip, t.status, "yes" if t.speculative else "no",
+             f"{t.client_ms:.0f}" if t.client_ms else "-",
+             *[f"{t.server.get(k, float('nan')):.0f}" for k, _ in STAGES]] for t in turns]
+    print(f"\n## {args.calls} call(s) x {args.turns} turns, {wall:.0f} s\n")
+    if args.calls == 1:
+        print(table(rows, ["call", "clip", "status", "spec", "client v2v ms",
+                           *[label for _, label in STAGES]]))
+    answered = [t for t in turns if t.status == "completed" and t.client_ms is not None]
+    client = [t.client_ms for t in answered if t.client_ms is not None]
+    summary = [["client voice-to-voice", f"{pct(client, 50):.0f}", f"{pct(client, 95):.0f}"]]
+    for key, label in STAGES:
+        values = [t.server[key] for t in answered if key in t.server]
+        if values:
+            summary.append([f"server: {label}", f"{pct(values, 50):.0f}", f"{pct(values, 95):.0f}"])
+    print("\n" + table(summary, ["ms after end of speech", "p50", "p95"]))
+    pacing = stats["pacing"]
+    print("\n" + table([
+        ["turns answered", f"{len(answered)}/{len(turns)}"],
+        ["offer -> answer (p50 ms)", f"{statistics.median(s['connect_ms'] for s in setups):.0f}"],
+        ["outbound frames", pacing["frames"]],
+        ["frames late > 20 ms", pacing["late_over_20ms"]],
+        ["max frame lateness ms", f"{pacing['max_late_ms']:.1f}"],
+        ["server RSS idle MB", f"{idle_rss:.0f}"],
+        ["server RSS peak MB", f"{peak_rss:.0f}"],
+        ["extra MB per call", f"{(peak_rss - idle_rss) / args.calls:.1f}"],
+        ["server RSS after calls MB", f"{after_rss:.0f}"],
+    ], ["", "value"]))
+    print(json.dumps({"calls": args.calls, "turns": len(turns), "answered": len(answered),
+                      "client_p50": pct(client, 50), "client_p95": pct(client, 95)}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
