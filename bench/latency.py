@@ -23,7 +23,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import numpy as np
@@ -83,8 +82,9 @@ def speech_and_tail(clip: str) -> tuple[np.ndarray, np.ndarray]:
     return audio[:cut], silence(1.5)
 
 
-async def one_call(url: str, http: aiohttp.ClientSession, index: int, turns: int,
-                   gap_s: float) -> tuple[list[Turn], dict[str, float]]:
+async def one_call(
+    url: str, http: aiohttp.ClientSession, index: int, turns: int, gap_s: float
+) -> tuple[list[Turn], dict[str, float]]:
     client = RealtimeClient(url)
     offered = time.monotonic()
     await client.connect(http)
@@ -107,11 +107,16 @@ async def one_call(url: str, http: aiohttp.ClientSession, index: int, turns: int
         response = event["response"]
         first = client.received.first_sound_after(speech_end)
         metadata = response.get("metadata") or {}
-        results.append(Turn(
-            index, clip, (first - speech_end) * 1000 if first else None, response["status"],
-            {k: float(v) for k, v in metadata.items() if k != "speculative"},
-            metadata.get("speculative") == "true",
-        ))
+        results.append(
+            Turn(
+                index,
+                clip,
+                (first - speech_end) * 1000 if first else None,
+                response["status"],
+                {k: float(v) for k, v in metadata.items() if k != "speculative"},
+                metadata.get("speculative") == "true",
+            )
+        )
         await asyncio.sleep(gap_s)
     await client.hangup(http)
     return results, setup
@@ -124,27 +129,46 @@ def pct(values: list[float], q: float) -> float:
 
 def table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    line = lambda r: "| " + " | ".join(str(x).rjust(w) for x, w in zip(r, widths, strict=False)) + " |"  # noqa: E731
+
+    def line(row: list[str]) -> str:
+        return "| " + " | ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=False)) + " |"
+
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(header), sep, *(line(r) for r in rows)])
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--calls", type=int, default=1, help="concurrent calls")
     parser.add_argument("--turns", type=int, default=10, help="turns per call")
     parser.add_argument("--gap", type=float, default=0.5, help="seconds between turns")
-    parser.add_argument("--server-arg", action="append", default=[],
-                        help="extra flag for voice-agent serve (repeatable)")
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra flag for voice-agent serve (repeatable)",
+    )
     args = parser.parse_args()
 
     restrict_host_addresses(["127.0.0.1"])
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "voice_agent", "serve", "--port", str(port),
-        "--ice-host-addresses", "127.0.0.1", "--log-level", "WARNING",
-        "--max-calls", str(max(args.calls, 20)), *args.server_arg,
+        sys.executable,
+        "-m",
+        "voice_agent",
+        "serve",
+        "--port",
+        str(port),
+        "--ice-host-addresses",
+        "127.0.0.1",
+        "--log-level",
+        "WARNING",
+        "--max-calls",
+        str(max(args.calls, 20)),
+        *args.server_arg,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
@@ -169,9 +193,9 @@ async def main() -> None:
 
             sampler = asyncio.create_task(sample_memory())
             started = time.monotonic()
-            outcomes = await asyncio.gather(*(
-                one_call(url, http, i, args.turns, args.gap) for i in range(args.calls)
-            ))
+            outcomes = await asyncio.gather(
+                *(one_call(url, http, i, args.turns, args.gap) for i in range(args.calls))
+            )
             wall = time.monotonic() - started
             sampler.cancel()
             await asyncio.sleep(1.0)
@@ -184,13 +208,32 @@ async def main() -> None:
 
     turns = [t for result, _ in outcomes for t in result]
     setups = [s for _, s in outcomes]
-    rows = [[t.call, t.clip, t.status, "yes" if t.speculative else "no",
-             f"{t.client_ms:.0f}" if t.client_ms else "-",
-             *[f"{t.server.get(k, float('nan')):.0f}" for k, _ in STAGES]] for t in turns]
+    rows = [
+        [
+            t.call,
+            t.clip,
+            t.status,
+            "yes" if t.speculative else "no",
+            f"{t.client_ms:.0f}" if t.client_ms else "-",
+            *[f"{t.server.get(k, float('nan')):.0f}" for k, _ in STAGES],
+        ]
+        for t in turns
+    ]
     print(f"\n## {args.calls} call(s) x {args.turns} turns, {wall:.0f} s\n")
     if args.calls == 1:
-        print(table(rows, ["call", "clip", "status", "spec", "client v2v ms",
-                           *[label for _, label in STAGES]]))
+        print(
+            table(
+                rows,
+                [
+                    "call",
+                    "clip",
+                    "status",
+                    "spec",
+                    "client v2v ms",
+                    *[label for _, label in STAGES],
+                ],
+            )
+        )
     answered = [t for t in turns if t.status == "completed" and t.client_ms is not None]
     client = [t.client_ms for t in answered if t.client_ms is not None]
     summary = [["client voice-to-voice", f"{pct(client, 50):.0f}", f"{pct(client, 95):.0f}"]]
@@ -200,19 +243,37 @@ async def main() -> None:
             summary.append([f"server: {label}", f"{pct(values, 50):.0f}", f"{pct(values, 95):.0f}"])
     print("\n" + table(summary, ["ms after end of speech", "p50", "p95"]))
     pacing = stats["pacing"]
-    print("\n" + table([
-        ["turns answered", f"{len(answered)}/{len(turns)}"],
-        ["offer -> answer (p50 ms)", f"{statistics.median(s['connect_ms'] for s in setups):.0f}"],
-        ["outbound frames", pacing["frames"]],
-        ["frames late > 20 ms", pacing["late_over_20ms"]],
-        ["max frame lateness ms", f"{pacing['max_late_ms']:.1f}"],
-        ["server RSS idle MB", f"{idle_rss:.0f}"],
-        ["server RSS peak MB", f"{peak_rss:.0f}"],
-        ["extra MB per call", f"{(peak_rss - idle_rss) / args.calls:.1f}"],
-        ["server RSS after calls MB", f"{after_rss:.0f}"],
-    ], ["", "value"]))
-    print(json.dumps({"calls": args.calls, "turns": len(turns), "answered": len(answered),
-                      "client_p50": pct(client, 50), "client_p95": pct(client, 95)}))
+    print(
+        "\n"
+        + table(
+            [
+                ["turns answered", f"{len(answered)}/{len(turns)}"],
+                [
+                    "offer -> answer (p50 ms)",
+                    f"{statistics.median(s['connect_ms'] for s in setups):.0f}",
+                ],
+                ["outbound frames", pacing["frames"]],
+                ["frames late > 20 ms", pacing["late_over_20ms"]],
+                ["max frame lateness ms", f"{pacing['max_late_ms']:.1f}"],
+                ["server RSS idle MB", f"{idle_rss:.0f}"],
+                ["server RSS peak MB", f"{peak_rss:.0f}"],
+                ["extra MB per call", f"{(peak_rss - idle_rss) / args.calls:.1f}"],
+                ["server RSS after calls MB", f"{after_rss:.0f}"],
+            ],
+            ["", "value"],
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "calls": args.calls,
+                "turns": len(turns),
+                "answered": len(answered),
+                "client_p50": pct(client, 50),
+                "client_p95": pct(client, 95),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -45,6 +45,13 @@ class PacingStats:
     resyncs: int = 0
     late_ms: list[float] = field(default_factory=list)
 
+    def merge(self, other: PacingStats) -> None:
+        self.frames += other.frames
+        self.audio_frames += other.audio_frames
+        self.late_over_20ms += other.late_over_20ms
+        self.max_late_ms = max(self.max_late_ms, other.max_late_ms)
+        self.resyncs += other.resyncs
+
     def record(self, late_s: float, keep_samples: bool) -> None:
         late_ms = late_s * 1000.0
         self.frames += 1

@@ -195,6 +195,26 @@ async def readyz(request: web.Request) -> web.StreamResponse:
     return web.json_response({**body, "status": "ready"})
 
 
+async def stats(request: web.Request) -> web.StreamResponse:
+    """Operational counters: live calls and how well outbound audio kept time."""
+    calls = request.app[CALLS]
+    pacing = calls.pacing()
+    return web.json_response(
+        {
+            "calls": len(calls),
+            "calls_total": calls.calls_total,
+            "max_calls": calls.max_calls,
+            "pacing": {
+                "frames": pacing.frames,
+                "audio_frames": pacing.audio_frames,
+                "late_over_20ms": pacing.late_over_20ms,
+                "max_late_ms": round(pacing.max_late_ms, 2),
+                "resyncs": pacing.resyncs,
+            },
+        }
+    )
+
+
 def cors_middleware(origins: list[str]) -> Any:
     allow_any = "*" in origins
 
@@ -241,6 +261,7 @@ def build_app(settings: Settings, engine: Engine) -> web.Application:
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/stats", stats)
     app.router.add_get("/", index)
     if WEB_DIR.is_dir():
         app.router.add_static("/web/", WEB_DIR, show_index=False)

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from voice_agent.rtc.call import Call
+from voice_agent.rtc.outbound import PacingStats
 
 log = logging.getLogger(__name__)
 
@@ -16,6 +17,9 @@ class CallRegistry:
         self._calls: dict[str, Call] = {}
         self._reserved = 0  # admitted, still negotiating
         self._changed = asyncio.Event()
+        # Outbound pacing of calls that have ended, folded in as they end.
+        self._ended = PacingStats()
+        self.calls_total = 0
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -36,13 +40,15 @@ class CallRegistry:
 
     def add(self, call: Call) -> None:
         self._calls[call.id] = call
+        self.calls_total += 1
         self._notify()
 
     def get(self, call_id: str) -> Call | None:
         return self._calls.get(call_id)
 
     def discard(self, call: Call) -> None:
-        self._calls.pop(call.id, None)
+        if self._calls.pop(call.id, None) is not None:
+            self._ended.merge(call.output.stats)
         self._notify()
 
     def _notify(self) -> None:
@@ -57,6 +63,14 @@ class CallRegistry:
 
     def calls(self) -> list[Call]:
         return list(self._calls.values())
+
+    def pacing(self) -> PacingStats:
+        """Outbound pacing over every call, live and ended."""
+        total = PacingStats()
+        total.merge(self._ended)
+        for call in self._calls.values():
+            total.merge(call.output.stats)
+        return total
 
     async def close_all(self, reason: str) -> None:
         calls = self.calls()

@@ -1,0 +1,93 @@
+"""Cancelling a reply: immediate silence, nothing stale emitted, history = what was heard.
+
+Runs a real reply (llama.cpp + Piper) into the real paced track, without
+WebRTC, so the frames that went out can be counted exactly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from voice_agent.backends.base import ChatMessage
+from voice_agent.engine import Engine
+from voice_agent.rtc.outbound import PacedAudioTrack
+from voice_agent.session.conversation import Conversation
+from voice_agent.session.events import (
+    AssistantAudioCleared,
+    AssistantAudioStarted,
+    ResponseFinished,
+    SessionEvent,
+)
+from voice_agent.session.response import ReplySettings, Response
+
+
+def make_response(engine: Engine, track: PacedAudioTrack, events: list[SessionEvent],
+                  conversation: Conversation) -> Response:
+    assert engine.models is not None
+    return Response(
+        response_id="resp_test",
+        item_id="item_test",
+        messages=[ChatMessage("system", "Tell a long story in many short sentences."),
+                  ChatMessage("user", "Tell me about the sea.")],
+        llm=engine.models.llm,
+        tts=engine.models.tts,
+        output=track,
+        conversation=conversation,
+        emit=events.append,
+        reply=ReplySettings(max_tokens=120, temperature=0.0),
+    )
+
+
+async def test_cancel_mid_sentence_silences_the_next_frame(engine: Engine) -> None:
+    track = PacedAudioTrack()
+    events: list[SessionEvent] = []
+    conversation = Conversation("", history_turns=4)
+    response = make_response(engine, track, events, conversation)
+    track.on_audio_frame = lambda tag: response.frame_sent(tag)
+    response.start()
+    response.commit()
+
+    sent = 0
+    while sent < 40:  # 0.8 s of the reply goes out
+        frame = await track.recv()
+        if np.abs(frame.to_ndarray()).max() > 0:
+            sent += 1
+    response.cancel("turn_detected")
+
+    assert response.status == "cancelled"
+    next_frames = [await track.recv() for _ in range(3)]
+    assert all(np.abs(f.to_ndarray()).max() == 0 for f in next_frames)
+    assert track.buffered_frames == 0
+
+    kinds = [type(e) for e in events]
+    assert AssistantAudioStarted in kinds
+    assert kinds[-2:] == [AssistantAudioCleared, ResponseFinished]
+    finished = events[-1]
+    assert isinstance(finished, ResponseFinished)
+    assert finished.status == "cancelled" and finished.reason == "turn_detected"
+    # 0.8 s of speech is a few words: the heard text is a strict prefix.
+    heard = finished.transcript
+    assert heard and response.full_text().startswith(heard)
+    assert len(heard.split()) < len(response.full_text().split()) or len(heard) < 80
+    assert conversation.history == [ChatMessage("assistant", heard)]
+
+    await asyncio.wait_for(response.wait_closed(), 2)
+    await asyncio.sleep(0.2)
+    assert len(events) == len(kinds)  # nothing stale arrives after the cancel
+    track.stop()
+
+
+async def test_an_uncommitted_reply_is_dropped_without_a_trace(engine: Engine) -> None:
+    track = PacedAudioTrack()
+    events: list[SessionEvent] = []
+    conversation = Conversation("", history_turns=4)
+    response = make_response(engine, track, events, conversation)
+    response.start()  # speculative: prepared, never committed
+    await asyncio.sleep(0.5)
+    response.cancel("superseded")
+    await asyncio.wait_for(response.wait_closed(), 2)
+    assert events == []
+    assert conversation.history == []
+    assert track.buffered_frames == 0
+    track.stop()
