@@ -21,6 +21,7 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,10 +128,10 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def table(rows: list[list[str]], header: list[str]) -> str:
+def table(rows: Sequence[Sequence[object]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
 
-    def line(row: list[str]) -> str:
+    def line(row: Sequence[object]) -> str:
         return "| " + " | ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=False)) + " |"
 
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"

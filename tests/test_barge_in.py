@@ -22,14 +22,17 @@ from voice_agent.session.events import (
 from voice_agent.session.response import ReplySettings, Response
 
 
-def make_response(engine: Engine, track: PacedAudioTrack, events: list[SessionEvent],
-                  conversation: Conversation) -> Response:
+def make_response(
+    engine: Engine, track: PacedAudioTrack, events: list[SessionEvent], conversation: Conversation
+) -> Response:
     assert engine.models is not None
     return Response(
         response_id="resp_test",
         item_id="item_test",
-        messages=[ChatMessage("system", "Tell a long story in many short sentences."),
-                  ChatMessage("user", "Tell me about the sea.")],
+        messages=[
+            ChatMessage("system", "Tell a long story in many short sentences."),
+            ChatMessage("user", "Tell me about the sea."),
+        ],
         llm=engine.models.llm,
         tts=engine.models.tts,
         output=track,

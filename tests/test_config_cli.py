@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -43,9 +44,15 @@ def test_defaults_assume_no_public_stun_server() -> None:
     assert Settings().host == "127.0.0.1" and Settings().port == 8080
 
 
+def subprocess_help() -> str:
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    serve: argparse.ArgumentParser = commands.choices["serve"]
+    return serve.format_help()
+
+
 def test_every_setting_is_a_documented_flag() -> None:
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
-    help_text = serve.format_help()
+    help_text = subprocess_help()
     for name, field in Settings.model_fields.items():
         assert "--" + name.replace("_", "-") in help_text
         assert field.description, name

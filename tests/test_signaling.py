@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -55,7 +57,9 @@ async def test_oversized_body_is_413(
     status, _, body = await post(http, server.url, "v=0\r\n" + "a=x\r\n" * 2000)
     assert status == 413 and "body_too_large" in body
 
-    async def chunks():  # no Content-Length: the limit is enforced while reading
+    async def chunks() -> AsyncIterator[
+        bytes
+    ]:  # no Content-Length: the limit is enforced while reading
         for _ in range(10):
             yield b"a=padding-padding-padding-padding-padding\r\n" * 20
 
@@ -242,7 +246,7 @@ async def test_a_malformed_offer_never_reaches_a_peer_connection(
     created: list[object] = []
     original = RTCPeerConnection.__init__
 
-    def spy(self: RTCPeerConnection, *args: object, **kwargs: object) -> None:
+    def spy(self: RTCPeerConnection, *args: Any, **kwargs: Any) -> None:
         created.append(self)
         original(self, *args, **kwargs)
 

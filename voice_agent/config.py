@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     llama_batch_threads: int | None = Field(
         None, ge=1, description="Embedded llama.cpp prompt threads (default: --llama-threads)."
     )
+    llama_nice: int = Field(
+        0, ge=0, le=19, description="Scheduling niceness added to the embedded llama.cpp server."
+    )
     llama_ctx: int = Field(2048, ge=256, description="Embedded llama.cpp context size.")
 
     # --- speaking: TTS -----------------------------------------------------

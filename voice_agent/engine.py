@@ -53,7 +53,11 @@ class Engine:
         if base_url is None:
             model_path = Path(s.llama_model_path) if s.llama_model_path else default_model_path()
             self.llama = EmbeddedLlamaServer(
-                model_path, s.llama_threads, s.llama_ctx, batch_threads=s.llama_batch_threads
+                model_path,
+                s.llama_threads,
+                s.llama_ctx,
+                batch_threads=s.llama_batch_threads,
+                nice=s.llama_nice,
             )
             await self.llama.start()
             base_url = self.llama.base_url

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -21,7 +22,6 @@ log = logging.getLogger(__name__)
 
 READY_MARKER = b"Uvicorn running on"
 MODEL_ALIAS = "smollm2-135m-instruct"
-NICE_INCREMENT = 5
 
 
 class LlamaServerError(RuntimeError):
@@ -54,12 +54,14 @@ class EmbeddedLlamaServer:
         host: str = "127.0.0.1",
         start_timeout_s: float = 120.0,
         batch_threads: int | None = None,
+        nice: int = 0,
     ) -> None:
         if not model_path.is_file():
             raise LlamaServerError(f"GGUF model not found: {model_path}")
         self.model_path = model_path
         self.threads = threads
         self.batch_threads = batch_threads or threads
+        self.nice = nice
         self.ctx = ctx
         self.host = host
         self.port = 0
@@ -116,7 +118,7 @@ class EmbeddedLlamaServer:
             *self._command(),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=_lower_priority,
+            preexec_fn=functools.partial(os.nice, self.nice) if self.nice else None,
         )
         self._process = process
         assert process.stdout is not None
@@ -192,13 +194,6 @@ class EmbeddedLlamaServer:
             drain.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await drain
-
-
-def _lower_priority() -> None:
-    """Generation runs far ahead of speech, while speech synthesis of the first
-    clause is on the critical path: let the TTS (in our process) win the CPU
-    when both run at once on a small machine."""
-    os.nice(NICE_INCREMENT)
 
 
 def importlib_missing(module: str) -> bool:

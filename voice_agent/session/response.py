@@ -178,6 +178,14 @@ class Response:
         raw: list[str] = []
         try:
             self.metrics.llm_request = now()
+            log.debug(
+                "llm request",
+                extra={
+                    "response_id": self.response_id,
+                    "messages": len(self.messages),
+                    "prompt_chars": sum(len(m.content) for m in self.messages),
+                },
+            )
             stream = self.llm.stream_reply(
                 self.messages, self.reply.max_tokens, self.reply.temperature
             )
