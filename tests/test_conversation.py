@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import itertools
+
+from voice_agent.backends.base import ChatMessage
+from voice_agent.session.conversation import Conversation
+
+
+def talk(conversation: Conversation, turns: int) -> None:
+    for i in range(turns):
+        conversation.add_user(f"question {i}", f"u{i}")
+        conversation.add_assistant(f"answer {i}", f"a{i}")
+
+
+def test_prompt_is_instructions_history_then_the_new_question() -> None:
+    conversation = Conversation("Be brief.", history_turns=4)
+    talk(conversation, 1)
+    assert conversation.messages_for("next") == [
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "question 0"),
+        ChatMessage("assistant", "answer 0"),
+        ChatMessage("user", "next"),
+    ]
+
+
+def test_history_is_trimmed_in_blocks_so_the_prompt_prefix_stays_stable() -> None:
+    conversation = Conversation("", history_turns=4)
+    first_messages = []
+    for turn in range(12):
+        conversation.add_user(f"q{turn}", "u")
+        conversation.add_assistant(f"a{turn}", "a")
+        first_messages.append(conversation.history[0].content)
+        assert len(conversation.history) <= 8
+        assert conversation.history[0].role == "user"
+    # Sliding one turn at a time would change the prefix on 8 of these turns.
+    changes = sum(1 for a, b in itertools.pairwise(first_messages) if a != b)
+    assert changes == 3
+    assert conversation.history[-1] == ChatMessage("assistant", "a11")
+
+
+def test_an_empty_reply_is_not_recorded() -> None:
+    conversation = Conversation("", history_turns=2)
+    conversation.add_user("hello", "u1")
+    conversation.add_assistant("", "a1")
+    assert conversation.history == [ChatMessage("user", "hello")]
+    assert conversation.last_item_id == "a1"
+
+
+def test_no_history() -> None:
+    conversation = Conversation("", history_turns=0)
+    talk(conversation, 3)
+    assert conversation.history == []
