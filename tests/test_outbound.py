@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 
+import av
 import numpy as np
 import pytest
 
@@ -16,8 +17,10 @@ def tone(frames: int, value: int = 1000) -> np.ndarray:
     return np.full(frames * FRAME_SAMPLES, value, dtype=np.int16)
 
 
-def level(frame: object) -> int:
-    return int(np.abs(frame.to_ndarray()).max())  # type: ignore[attr-defined]
+async def next_level(track: PacedAudioTrack) -> int:
+    """Peak of the next frame the track sends (0 for silence)."""
+    samples, _ = await track.next_frame()
+    return 0 if samples is None else int(np.abs(samples).max())
 
 
 async def test_n_frames_take_n_times_20ms_without_drift() -> None:
@@ -27,7 +30,7 @@ async def test_n_frames_take_n_times_20ms_without_drift() -> None:
     n = 100
     sent_at: list[float] = []
     for _ in range(n + 1):
-        await track.recv()
+        await track.next_frame()
         sent_at.append(time.monotonic())
         time.sleep(0.005)  # noqa: ASYNC251 - the encoder's share, blocking like real work
     elapsed = sent_at[-1] - sent_at[0]
@@ -37,19 +40,27 @@ async def test_n_frames_take_n_times_20ms_without_drift() -> None:
     track.stop()
 
 
-async def test_frame_timestamps_are_contiguous() -> None:
+async def test_packets_are_contiguous_decodable_opus() -> None:
     track = PacedAudioTrack()
-    frames = [await track.recv() for _ in range(5)]
-    assert [f.pts for f in frames] == [i * FRAME_SAMPLES for i in range(5)]
-    assert all(f.sample_rate == 48_000 and f.samples == FRAME_SAMPLES for f in frames)
+    await track.write(
+        tone(3, 8000) * np.sign(np.sin(np.arange(3 * FRAME_SAMPLES) / 7)).astype(np.int16)
+    )
+    packets = [await track.recv() for _ in range(6)]
+    assert [p.pts for p in packets] == [i * FRAME_SAMPLES for i in range(6)]
+    decoder = av.CodecContext.create("libopus", "r")
+    decoded = [decoder.decode(p) for p in packets]
+    peaks = [max(int(np.abs(f.to_ndarray()).max()) for f in frames) for frames in decoded]
+    assert all(sum(f.samples for f in frames) == FRAME_SAMPLES for frames in decoded)
+    assert min(peaks[1:3]) > 2000  # the tone (after the codec's 6.5 ms look-ahead)
+    assert max(peaks[5:]) < 50  # then silence
     track.stop()
 
 
 async def test_silence_when_idle_then_audio_in_order() -> None:
     track = PacedAudioTrack()
-    assert level(await track.recv()) == 0
+    assert await next_level(track) == 0
     await track.write(np.concatenate((tone(1, 100), tone(1, 200))))
-    assert [level(await track.recv()) for _ in range(3)] == [100, 200, 0]
+    assert [await next_level(track) for _ in range(3)] == [100, 200, 0]
     track.stop()
 
 
@@ -60,7 +71,7 @@ async def test_writer_waits_while_the_buffer_is_full() -> None:
     assert not writer.done()  # backpressure: only the buffer's worth is queued
     assert track.buffered_frames == 5
     for _ in range(12):
-        await track.recv()
+        await track.next_frame()
     await asyncio.wait_for(writer, 1.0)
     assert track.buffered_frames == 0
     track.stop()
@@ -69,9 +80,9 @@ async def test_writer_waits_while_the_buffer_is_full() -> None:
 async def test_flush_takes_effect_on_the_next_frame() -> None:
     track = PacedAudioTrack(buffer_ms=200)
     await track.write(tone(8))
-    assert level(await track.recv()) > 0
+    assert await next_level(track) > 0
     track.flush()
-    assert level(await track.recv()) == 0
+    assert await next_level(track) == 0
     assert track.buffered_frames == 0
     await asyncio.wait_for(track.drain(), 0.1)
     track.stop()
@@ -85,23 +96,23 @@ async def test_flush_releases_a_blocked_writer_without_queuing_its_rest() -> Non
     track.flush()
     with pytest.raises(asyncio.CancelledError):
         await writer
-    assert [level(await track.recv()) for _ in range(3)] == [0, 0, 0]
+    assert [await next_level(track) for _ in range(3)] == [0, 0, 0]
     track.stop()
 
 
 async def test_audio_arriving_while_idle_is_not_held_to_the_next_slot() -> None:
     track = PacedAudioTrack()
-    await track.recv()  # the clock starts
-    receiving = asyncio.create_task(track.recv())
+    await track.next_frame()  # the clock starts
+    receiving = asyncio.create_task(track.next_frame())
     await asyncio.sleep(0.003)
     written = time.monotonic()
     await track.write(tone(2))
-    frame = await receiving
-    assert level(frame) > 0
+    samples, _ = await receiving
+    assert samples is not None and np.abs(samples).max() > 0
     assert time.monotonic() - written < 0.010  # sent at once, not ~17 ms later
     # The schedule re-anchors on that frame: the next one is due 20 ms later.
     start = time.monotonic()
-    await track.recv()
+    await track.next_frame()
     assert time.monotonic() - start == pytest.approx(0.020, abs=0.008)
     track.stop()
 
@@ -112,7 +123,7 @@ async def test_partial_tail_is_padded_and_reported_by_tag() -> None:
     track.on_audio_frame = seen.append
     await track.write(np.full(FRAME_SAMPLES + 100, 500, dtype=np.int16), tag="reply-1")
     await track.finish()
-    assert [level(await track.recv()) for _ in range(3)] == [500, 500, 0]
+    assert [await next_level(track) for _ in range(3)] == [500, 500, 0]
     assert seen == ["reply-1", "reply-1"]
     await asyncio.wait_for(track.drain(), 0.1)
     track.stop()

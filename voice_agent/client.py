@@ -10,7 +10,6 @@ its arrival times so latency can be measured from the client's side.
 from __future__ import annotations
 
 import asyncio
-import fractions
 import json
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from voice_agent.audio.pcm import downmix_interleaved
 from voice_agent.audio.resample import StreamResampler
+from voice_agent.rtc.opus import OpusStream, make_packet, silence_payload
 
 RATE = 48_000
 FRAME = 960
@@ -45,6 +45,7 @@ class PcmSource(MediaStreamTrack):
         self.sent_audio_frames = 0
         self._done_waiters: list[tuple[int, asyncio.Future[float]]] = []
         self._queued_frames = 0
+        self._opus = OpusStream()
 
     def play(self, samples: np.ndarray, rate: int) -> asyncio.Future[float]:
         """Queue mono int16 audio; the future resolves with the monotonic time
@@ -63,7 +64,7 @@ class PcmSource(MediaStreamTrack):
         self._done_waiters.append((self._queued_frames, done))
         return done
 
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
         now = time.monotonic()
@@ -72,22 +73,20 @@ class PcmSource(MediaStreamTrack):
         due = self._start + self._index * 0.02
         if due > now:
             await asyncio.sleep(due - now)
+        # Pre-encoded like the server's track, so a load test spends its CPU
+        # on the server rather than on encoding silence in the client.
+        payload = silence_payload()
         if self._queue:
-            samples = self._queue.popleft()
+            payload = self._opus.encode(self._queue.popleft())
             self.sent_audio_frames += 1
             sent_at = time.monotonic()
             while self._done_waiters and self._done_waiters[0][0] <= self.sent_audio_frames:
                 _, waiter = self._done_waiters.pop(0)
                 if not waiter.done():
                     waiter.set_result(sent_at)
-        else:
-            samples = np.zeros(FRAME, dtype=np.int16)
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
-        frame.pts = self._index * FRAME
-        frame.time_base = fractions.Fraction(1, RATE)
+        packet = make_packet(payload, self._index * FRAME)
         self._index += 1
-        return frame
+        return packet
 
 
 @dataclass

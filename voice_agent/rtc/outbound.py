@@ -14,7 +14,6 @@ drops everything buffered: the very next frame on the wire is silence.
 from __future__ import annotations
 
 import asyncio
-import fractions
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,6 +24,8 @@ import av
 import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
+
+from voice_agent.rtc.opus import OpusStream, make_packet, silence_payload
 
 SAMPLE_RATE = 48_000
 FRAME_MS = 20
@@ -91,8 +92,7 @@ class PacedAudioTrack(MediaStreamTrack):
         self._space.set()
         self._start: float | None = None
         self._index = 0
-        self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        self._time_base = fractions.Fraction(1, SAMPLE_RATE)
+        self._opus = OpusStream()
         self.stats = PacingStats()
         self._keep_lateness = keep_lateness_samples
         self.on_audio_frame: FrameListener | None = None
@@ -157,7 +157,15 @@ class PacedAudioTrack(MediaStreamTrack):
         self._drained.set()
 
     # -- consumer side (aiortc's RTP sender) ---------------------------------
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.Packet[Any]:
+        """The next 20 ms as an Opus packet, on schedule."""
+        samples, pts = await self.next_frame()
+        payload = silence_payload() if samples is None else self._opus.encode(samples)
+        return make_packet(payload, pts)
+
+    async def next_frame(self) -> tuple[np.ndarray | None, int]:
+        """Wait for the next 20 ms slot; return its samples (None for silence)
+        and its timestamp in samples."""
         if self.readyState != "live":
             raise MediaStreamError
         now = self._clock()
@@ -191,18 +199,14 @@ class PacedAudioTrack(MediaStreamTrack):
             if self.on_audio_frame is not None:
                 self.on_audio_frame(tag)
         else:
-            samples = self._silence
+            samples = None
             if self._was_playing:
                 self._was_playing = False
                 if self.on_idle is not None:
                     self.on_idle()
-
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
-        frame.pts = self._index * FRAME_SAMPLES
-        frame.time_base = self._time_base
+        pts = self._index * FRAME_SAMPLES
         self._index += 1
-        return frame
+        return samples, pts
 
     async def _sleep(self, delay: float, interruptible: bool) -> bool:
         """Sleep ``delay`` seconds; True when new audio cut the sleep short."""
