@@ -146,6 +146,12 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=10, help="turns per call")
     parser.add_argument("--gap", type=float, default=0.5, help="seconds between turns")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the calls; memory after each round shows leaks",
+    )
+    parser.add_argument(
         "--server-arg",
         action="append",
         default=[],
@@ -183,6 +189,10 @@ async def main() -> None:
                     except aiohttp.ClientConnectionError:
                         pass
                     await asyncio.sleep(0.25)  # the server is booting: not on any media path
+            # One warm-up turn: first-use allocations (inference arenas, the LLM's
+            # buffers) are not per-call costs.
+            await one_call(url, http, 0, 1, 0.0)
+            await asyncio.sleep(1.0)
             idle_rss = rss_mb(server.pid)
             peak_rss = idle_rss
 
@@ -194,15 +204,18 @@ async def main() -> None:
 
             sampler = asyncio.create_task(sample_memory())
             started = time.monotonic()
-            outcomes = await asyncio.gather(
-                *(one_call(url, http, i, args.turns, args.gap) for i in range(args.calls))
-            )
+            outcomes: list[tuple[list[Turn], dict[str, float]]] = []
+            after_rounds: list[float] = []
+            for _ in range(args.rounds):
+                outcomes += await asyncio.gather(
+                    *(one_call(url, http, i, args.turns, args.gap) for i in range(args.calls))
+                )
+                await asyncio.sleep(1.0)
+                after_rounds.append(rss_mb(server.pid))
             wall = time.monotonic() - started
             sampler.cancel()
-            await asyncio.sleep(1.0)
             async with http.get(url + "/v1/stats") as response:
                 stats = await response.json()
-            after_rss = rss_mb(server.pid)
     finally:
         server.send_signal(signal.SIGTERM)
         await server.wait()
@@ -249,6 +262,11 @@ async def main() -> None:
         + table(
             [
                 ["turns answered", f"{len(answered)}/{len(turns)}"],
+                *[
+                    [f"turns {status}", sum(t.status == status for t in turns)]
+                    for status in sorted({t.status for t in turns})
+                ],
+                ["turns without audio back", sum(t.client_ms is None for t in turns)],
                 [
                     "offer -> answer (p50 ms)",
                     f"{statistics.median(s['connect_ms'] for s in setups):.0f}",
@@ -259,7 +277,10 @@ async def main() -> None:
                 ["server RSS idle MB", f"{idle_rss:.0f}"],
                 ["server RSS peak MB", f"{peak_rss:.0f}"],
                 ["extra MB per call", f"{(peak_rss - idle_rss) / args.calls:.1f}"],
-                ["server RSS after calls MB", f"{after_rss:.0f}"],
+                *[
+                    [f"server RSS after round {i + 1} MB", f"{mb:.0f}"]
+                    for i, mb in enumerate(after_rounds)
+                ],
             ],
             ["", "value"],
         )
