@@ -47,6 +47,7 @@ def wire(engine: Engine) -> tuple[RealtimeProtocol, list[dict[str, Any]]]:
         ),
         ('{"type": "response.cancel"}', "response_cancel_not_active"),
         ("x" * 300_000, "event_too_large"),
+        ("[" * 5000 + "]" * 5000, "invalid_json"),
     ],
 )
 async def test_bad_client_events_get_an_error_event(

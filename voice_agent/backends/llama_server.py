@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -22,6 +24,7 @@ log = logging.getLogger(__name__)
 
 READY_MARKER = b"Uvicorn running on"
 MODEL_ALIAS = "smollm2-135m-instruct"
+PR_SET_PDEATHSIG = 1
 
 
 class LlamaServerError(RuntimeError):
@@ -109,7 +112,8 @@ class EmbeddedLlamaServer:
         self._supervisor = asyncio.create_task(self._supervise(), name="llama-supervisor")
 
     async def _launch(self) -> None:
-        self.port = _free_port(self.host)
+        if not self.port:  # keep the port across restarts: clients hold the URL
+            self.port = _free_port(self.host)
         if importlib_missing("llama_cpp"):
             raise LlamaServerError(
                 "llama-cpp-python is not installed: pip install 'llama-cpp-python[server]==0.3.36'"
@@ -118,7 +122,7 @@ class EmbeddedLlamaServer:
             *self._command(),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=functools.partial(os.nice, self.nice) if self.nice else None,
+            preexec_fn=functools.partial(_child_setup, self.nice),
         )
         self._process = process
         assert process.stdout is not None
@@ -167,7 +171,7 @@ class EmbeddedLlamaServer:
                 await self._launch()
                 self.restarts += 1
                 backoff = 1.0
-            except LlamaServerError:
+            except Exception:  # a timeout or a failed spawn must not end supervision
                 log.exception("restarting llama.cpp server failed")
                 backoff = min(backoff * 2, 30.0)
 
@@ -194,6 +198,18 @@ class EmbeddedLlamaServer:
             drain.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await drain
+
+
+def _child_setup(nice: int) -> None:
+    """In the child before exec: die with the parent (no orphaned server if
+    we are killed outright), and optionally yield the CPU to our process."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: best effort only
+        pass
+    if nice:
+        os.nice(nice)
 
 
 def importlib_missing(module: str) -> bool:

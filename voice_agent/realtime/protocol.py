@@ -33,6 +33,13 @@ from voice_agent.session.session import VoiceSession
 log = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
+# The schema knows two reasons for a cancelled response; ours map onto them.
+_CANCEL_REASONS = {
+    "turn_detected": "turn_detected",
+    "superseded": "turn_detected",  # a newer user turn replaced it
+    "client_cancelled": "client_cancelled",
+    "session_closed": "client_cancelled",
+}
 MAX_CLIENT_EVENT_BYTES = 256 * 1024
 
 
@@ -265,7 +272,8 @@ class RealtimeProtocol:
         item = self._assistant_item(event.item_id, item_status, event.transcript)
         details: JsonDict | None = None
         if event.status == "cancelled":
-            details = {"type": "cancelled", "reason": event.reason}
+            reason = _CANCEL_REASONS.get(event.reason or "", "turn_detected")
+            details = {"type": "cancelled", "reason": reason}
         elif event.status == "failed":
             details = {"type": "failed", "error": {"type": "server_error", "code": event.reason}}
         metadata = None
@@ -345,6 +353,27 @@ class RealtimeProtocol:
         except ClientEventError as exc:
             self.send(
                 self._error("invalid_request_error", exc.code, str(exc), exc.param, client_event_id)
+            )
+        except RecursionError:
+            self.send(
+                self._error(
+                    "invalid_request_error",
+                    "invalid_json",
+                    "event is nested too deeply",
+                    None,
+                    client_event_id,
+                )
+            )
+        except Exception as exc:  # a bug of ours must not take the caller's call down
+            log.exception("client event failed")
+            self.send(
+                self._error(
+                    "server_error",
+                    "internal_error",
+                    f"the event could not be handled: {type(exc).__name__}",
+                    None,
+                    client_event_id,
+                )
             )
 
     def _handlers(self) -> dict[str, Callable[[JsonDict], None]]:

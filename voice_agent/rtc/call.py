@@ -88,6 +88,10 @@ class Call:
         self._tasks: set[asyncio.Task[None]] = set()
         self._timers: list[asyncio.TimerHandle] = []
         self._closing: asyncio.Task[None] | None = None
+        self._teardown: asyncio.Future[None] | None = None
+        self._listening = False
+        self._connect_timer: asyncio.TimerHandle | None = None
+        self._lost_timer: asyncio.TimerHandle | None = None
         self.connected = asyncio.Event()
         self.closed = asyncio.Event()
         self.close_reason: str | None = None
@@ -104,9 +108,10 @@ class Call:
         await self.pc.setLocalDescription(answer)
         self.session.prefill_next_turn()
         loop = asyncio.get_running_loop()
-        self._timers.append(
-            loop.call_later(self.settings.connect_timeout_s, self._timeout, "connect_timeout")
+        self._connect_timer = loop.call_later(
+            self.settings.connect_timeout_s, self._timeout, "connect_timeout"
         )
+        self._timers.append(self._connect_timer)
         self._timers.append(
             loop.call_later(self.settings.max_call_duration_s, self._timeout, "max_duration")
         )
@@ -114,8 +119,11 @@ class Call:
 
     # -- peer connection events -----------------------------------------------
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind != "audio":
+        # One voice per session: a second audio track would interleave with
+        # the first and garble turn detection and transcription.
+        if track.kind != "audio" or self._listening:
             return
+        self._listening = True
         self._spawn(pump_inbound_audio(track, self.session.push_audio), "inbound-audio")
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
@@ -132,13 +140,17 @@ class Call:
         log.info("peer connection state", extra={"call_id": self.id, "state": state})
         if state == "connected":
             self.connected.set()
-            for timer in self._timers[:1]:  # the connect timeout
-                timer.cancel()
+            for timer in (self._connect_timer, self._lost_timer):
+                if timer is not None:
+                    timer.cancel()
         elif state == "disconnected":
+            if self._lost_timer is not None:
+                self._lost_timer.cancel()
             loop = asyncio.get_running_loop()
-            self._timers.append(
-                loop.call_later(self.settings.disconnect_grace_s, self._timeout, "peer_lost")
+            self._lost_timer = loop.call_later(
+                self.settings.disconnect_grace_s, self._timeout, "peer_lost"
             )
+            self._timers.append(self._lost_timer)
         elif state in ("failed", "closed"):
             self.close_soon(f"peer_{state}")
 
@@ -157,35 +169,62 @@ class Call:
         if channel is None:
             self._early_events.append(text)
         elif channel.readyState == "open":
-            channel.send(text)
+            try:
+                channel.send(text)
+            except Exception:  # e.g. larger than the peer accepts: drop it, keep the call
+                log.warning(
+                    "event not sent",
+                    exc_info=True,
+                    extra={"call_id": self.id, "type": event.get("type")},
+                )
 
     # -- teardown ------------------------------------------------------------
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=f"{self.id}-{name}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # A call that can no longer hear is over; say so and release it.
+            log.error(
+                "call task failed",
+                exc_info=task.exception(),
+                extra={"call_id": self.id, "task": task.get_name()},
+            )
+            self.close_soon("internal_error")
 
     def close_soon(self, reason: str) -> None:
         if self._closing is None:
             self._closing = asyncio.create_task(self.close(reason), name=f"{self.id}-close")
 
     async def close(self, reason: str = "hangup") -> None:
-        if self.close_reason is not None:
-            await self.closed.wait()
-            return
-        self.close_reason = reason
+        """Release everything. Runs once, to the end, even if the caller of
+        ``close`` is itself cancelled (a hang-up request cut short, shutdown)."""
+        if self._teardown is None:
+            self.close_reason = reason
+            self._teardown = asyncio.ensure_future(self._release(reason))
+        await asyncio.shield(self._teardown)
+
+    async def _release(self, reason: str) -> None:
         log.info("call closing", extra={"call_id": self.id, "reason": reason})
         for timer in self._timers:
             timer.cancel()
         try:
-            await self.session.close()
+            try:
+                await self.session.close()
+            except Exception:
+                log.exception("closing the session failed", extra={"call_id": self.id})
             for task in list(self._tasks):
                 task.cancel()
             for task in list(self._tasks):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             self.output.stop()
-            await self.pc.close()
         finally:
-            self.closed.set()
-            self._on_closed(self)
+            try:
+                await self.pc.close()
+            finally:
+                self.closed.set()
+                self._on_closed(self)

@@ -7,6 +7,7 @@ refused without leaving anything behind.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,7 @@ from aiortc.sdp import SessionDescription
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
+from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.calls import CallRegistry
 from voice_agent.session.ids import new_id
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
+# Set once shutdown begins (an Event: the app itself is frozen by then).
+SHUTTING_DOWN: web.AppKey[asyncio.Event] = web.AppKey("shutting_down", asyncio.Event)
 
 CALLS_PATH = "/v1/realtime/calls"
 RETRY_AFTER_S = "5"
@@ -115,7 +119,7 @@ async def _read_multipart(request: web.Request, limit: int) -> tuple[bytes, dict
         elif part.name == "session":
             try:
                 parsed = json.loads(data)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # bad JSON or UTF-8, absurd nesting
                 raise OfferError(400, "invalid_session", "'session' is not valid JSON") from None
             if not isinstance(parsed, dict):
                 raise OfferError(400, "invalid_session", "'session' must be a JSON object")
@@ -135,6 +139,10 @@ async def create_call(request: web.Request) -> web.StreamResponse:
         return error_response(
             503, "not_ready", "models are still loading", {"Retry-After": RETRY_AFTER_S}
         )
+    if request.app[SHUTTING_DOWN].is_set():
+        return error_response(
+            503, "shutting_down", "the server is shutting down", {"Retry-After": RETRY_AFTER_S}
+        )
     if not calls.reserve():
         return error_response(
             503,
@@ -142,23 +150,33 @@ async def create_call(request: web.Request) -> web.StreamResponse:
             f"all {calls.max_calls} call slots are busy",
             {"Retry-After": RETRY_AFTER_S},
         )
-    call = Call(
-        new_id("rtc"),
-        settings,
-        engine.models,
-        engine.session_config(),
-        engine.model_name,
-        engine.voice_name,
-        on_closed=calls.discard,
-    )
+    call: Call | None = None
     try:
+        call = Call(
+            new_id("rtc"),
+            settings,
+            engine.models,
+            engine.session_config(),
+            engine.model_name,
+            engine.voice_name,
+            on_closed=calls.discard,
+        )
         if session_config is not None:
-            call.protocol.apply_session_config(session_config)
+            try:
+                call.protocol.apply_session_config(session_config)
+            except ClientEventError as exc:
+                await call.close("bad_session")
+                return error_response(400, "invalid_session", str(exc))
         answer = await call.answer(sdp)
     except Exception as exc:
-        await call.close("bad_offer")
+        if call is not None:
+            await call.close("bad_offer")
         message = str(exc) or type(exc).__name__
         return error_response(400, "invalid_sdp", f"the offer could not be applied: {message}")
+    except BaseException:  # cancelled (client gone, shutdown): release, then propagate
+        if call is not None:
+            await asyncio.shield(call.close("cancelled"))
+        raise
     finally:
         calls.release_reservation()
     calls.add(call)
@@ -257,6 +275,7 @@ def build_app(settings: Settings, engine: Engine) -> web.Application:
     restrict_host_addresses(settings.ice_host_addresses)
     app[ENGINE] = engine
     app[CALLS] = CallRegistry(settings.max_calls)
+    app[SHUTTING_DOWN] = asyncio.Event()
     app.router.add_post(CALLS_PATH, create_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_get("/healthz", healthz)
@@ -267,6 +286,7 @@ def build_app(settings: Settings, engine: Engine) -> web.Application:
         app.router.add_static("/web/", WEB_DIR, show_index=False)
 
     async def on_shutdown(app: web.Application) -> None:
+        app[SHUTTING_DOWN].set()  # no new calls while the live ones are closed
         await app[CALLS].close_all("server_shutdown")
 
     app.on_shutdown.append(on_shutdown)

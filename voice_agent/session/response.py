@@ -12,7 +12,6 @@ in one step, so not one more frame of this reply reaches the wire.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,7 +104,8 @@ class Response:
         self._tasks: list[asyncio.Task[None]] = []
         self.finished = asyncio.Event()
         # Called once the reply has ended, whichever way it ended.
-        self.finished_callbacks: list[Callable[[Response], None]] = []
+        # Called once both of its tasks have stopped.
+        self.closed_callbacks: list[Callable[[Response], None]] = []
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -113,13 +113,25 @@ class Response:
             asyncio.create_task(self._generate(), name=f"{self.response_id}-generate"),
             asyncio.create_task(self._play(), name=f"{self.response_id}-play"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if all(t.done() for t in self._tasks):
+            for callback in self.closed_callbacks:
+                callback(self)
 
     @property
     def committed(self) -> bool:
         return self._committed.is_set()
 
     def commit(self) -> None:
+        """Make the reply visible and audible. Announced here, synchronously,
+        so no later event can refer to a response the client never saw."""
+        if self.committed or self.status != "in_progress":
+            return
         self._committed.set()
+        self.emit(ResponseStarted(self.response_id, self.item_id))
 
     def cancel(self, reason: str) -> None:
         """Stop now; a committed reply reports what the user heard."""
@@ -139,8 +151,12 @@ class Response:
     async def wait_closed(self) -> None:
         """Wait until both tasks have really stopped (after ``cancel``)."""
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.exception("reply task failed", extra={"response_id": self.response_id})
 
     # -- audio feedback from the output track ----------------------------
     def frame_sent(self, tag: PieceTag) -> None:
@@ -233,13 +249,30 @@ class Response:
 
     async def _play(self) -> None:
         await self._committed.wait()
-        self.emit(ResponseStarted(self.response_id, self.item_id))
+        try:
+            await self._play_committed()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never leave a committed reply hanging
+            log.exception("playing a reply failed", extra={"response_id": self.response_id})
+            if self.status == "in_progress":
+                self.output.flush()
+                self.emit(SessionError("server_error", f"the reply could not be played: {exc}"))
+                self.status = "failed"
+                self._finish("failed", "error")
+
+    async def _play_committed(self) -> None:
         spoken_any = False
+        written = 0
         while (piece := await self._queue.get()) is not None:
             if piece.text:
                 delta = piece.text if not spoken_any else " " + piece.text
                 spoken_any = True
                 self.emit(AssistantTextDelta(self.response_id, self.item_id, delta))
+            # The track tags each 20 ms frame with the write that completes it,
+            # so a piece owns the frame boundaries that fall inside its samples.
+            start, written = written, written + piece.audio.size
+            piece.frames_expected = written // OUTPUT_FRAME_SAMPLES - start // OUTPUT_FRAME_SAMPLES
             await self.output.write(piece.audio, PieceTag(self.response_id, piece.index))
         await self.output.finish()
         await self.output.drain()
@@ -271,5 +304,3 @@ class Response:
 
     def _mark_finished(self) -> None:
         self.finished.set()
-        for callback in self.finished_callbacks:
-            callback(self)

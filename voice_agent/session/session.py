@@ -98,7 +98,7 @@ class VoiceSession:
         self._last_voiced_at: float | None = None
         self._speculation: _Speculation | None = None
         self._response: Response | None = None  # the reply being played
-        self._turn_task: asyncio.Task[None] | None = None
+        self._turn_tasks: set[asyncio.Task[None]] = set()
         self._live_responses: set[Response] = set()
         self._prefill_task: asyncio.Task[None] | None = None
         self._generation = 0  # bumped by every new user turn: stale work checks it
@@ -133,13 +133,13 @@ class VoiceSession:
 
     def _on_speech_started(self, event: SpeechStarted) -> None:
         self._generation += 1
+        self._item_id = new_id("item")
+        self._emit(UserSpeechStarted(self._item_id, event.audio_start_ms))
         # Barge-in: the user talks over the assistant (or over a reply still
         # being prepared for their previous turn).
         if self._response is not None and self._response.status == "in_progress":
             self._response.cancel("turn_detected")
         self._drop_speculation()
-        self._item_id = new_id("item")
-        self._emit(UserSpeechStarted(self._item_id, event.audio_start_ms))
 
     # -- speculation ------------------------------------------------------------
     def _start_speculation(self, event: Paused) -> None:
@@ -198,10 +198,17 @@ class VoiceSession:
             if self._last_voiced_at is None
             else min(self._last_voiced_at, metrics.turn_end)
         )
-        self._turn_task = asyncio.create_task(
+        task = asyncio.create_task(
             self._finish_turn(event, item_id, spec, metrics, self._generation),
             name=f"turn-{item_id}",
         )
+        self._turn_tasks.add(task)
+        task.add_done_callback(self._turn_done)
+
+    def _turn_done(self, task: asyncio.Task[None]) -> None:
+        self._turn_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("turn handling failed", exc_info=task.exception(), extra={"session": self.id})
 
     async def _finish_turn(
         self,
@@ -253,8 +260,10 @@ class VoiceSession:
             on_finished=self._on_response_finished,
         )
         self._live_responses.add(response)
-        response.finished_callbacks.append(self._live_responses.discard)
         response.start()
+        # Tracked until its tasks have stopped, not merely until it is
+        # cancelled, so closing the session waits for them.
+        response.closed_callbacks.append(self._live_responses.discard)
         return response
 
     def _play(self, response: Response) -> None:
@@ -349,14 +358,12 @@ class VoiceSession:
             return
         self._closed = True
         self._drop_speculation()
-        for task in (self._turn_task, self._prefill_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        if self._turn_task is not None:
+        tasks = [*self._turn_tasks, *([self._prefill_task] if self._prefill_task else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._turn_task
+                await task
         responses = list(self._live_responses)
         for response in responses:
             response.cancel("session_closed")
