@@ -8,8 +8,8 @@ from voice_agent.session.conversation import Conversation
 
 def talk(conversation: Conversation, turns: int) -> None:
     for i in range(turns):
-        conversation.add_user(f"question {i}", f"u{i}")
-        conversation.add_assistant(f"answer {i}", f"a{i}")
+        conversation.add_user(f"question {i}")
+        conversation.add_assistant(f"answer {i}")
 
 
 def test_prompt_is_instructions_history_then_the_new_question() -> None:
@@ -27,8 +27,8 @@ def test_history_is_trimmed_in_blocks_so_the_prompt_prefix_stays_stable() -> Non
     conversation = Conversation("", history_turns=4)
     first_messages = []
     for turn in range(12):
-        conversation.add_user(f"q{turn}", "u")
-        conversation.add_assistant(f"a{turn}", "a")
+        conversation.add_user(f"q{turn}")
+        conversation.add_assistant(f"a{turn}")
         first_messages.append(conversation.history[0].content)
         assert len(conversation.history) <= 8
         assert conversation.history[0].role == "user"
@@ -40,10 +40,9 @@ def test_history_is_trimmed_in_blocks_so_the_prompt_prefix_stays_stable() -> Non
 
 def test_an_empty_reply_is_not_recorded() -> None:
     conversation = Conversation("", history_turns=2)
-    conversation.add_user("hello", "u1")
-    conversation.add_assistant("", "a1")
+    conversation.add_user("hello")
+    conversation.add_assistant("")
     assert conversation.history == [ChatMessage("user", "hello")]
-    assert conversation.last_item_id == "a1"
 
 
 def test_no_history() -> None:

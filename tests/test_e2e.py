@@ -62,6 +62,11 @@ async def test_a_spoken_question_gets_a_spoken_answer(
         ("response.output_audio_transcript.done", "response.done"),
     ]:
         assert kinds.index(earlier) < kinds.index(later), (earlier, later)
+    # Items are chained in conversation order.
+    added = client.of_type("conversation.item.added")
+    assert [a["item"]["role"] for a in added] == ["user", "assistant"]
+    assert added[0]["previous_item_id"] is None
+    assert added[1]["previous_item_id"] == user_item
     # Per-turn latency is reported on response.done.
     metadata = response["metadata"]
     assert float(metadata["voice_to_voice_ms"]) > 0

@@ -23,8 +23,8 @@ import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-from voice_agent.audio.pcm import downmix_interleaved
 from voice_agent.audio.resample import StreamResampler
+from voice_agent.rtc.inbound import frame_to_mono_int16
 from voice_agent.rtc.opus import OpusStream, make_packet, silence_payload
 
 RATE = 48_000
@@ -156,8 +156,7 @@ class RealtimeClient:
             except MediaStreamError:
                 return
             assert isinstance(frame, av.AudioFrame)
-            samples = frame.to_ndarray().reshape(-1)
-            self.received.add(downmix_interleaved(samples, len(frame.layout.channels)))
+            self.received.add(frame_to_mono_int16(frame))
 
     async def connect(self, session: aiohttp.ClientSession, open_timeout: float = 20.0) -> None:
         self.pc.addTrack(self.mic)

@@ -67,6 +67,15 @@ class RealtimeProtocol:
         self._session_object_id = session.id
         self._expires_at = int(time.time()) + 3600
         self._transcripts: dict[str, str] = {}  # response_id -> text so far
+        # Items in the order the client was told about them.
+        self._last_item_id: str | None = None
+        self._previous: dict[str, str | None] = {}  # item_id -> the item before it
+
+    def _place_item(self, item_id: str) -> str | None:
+        """Append an item to the client's view of the conversation."""
+        previous, self._last_item_id = self._last_item_id, item_id
+        self._previous[item_id] = previous
+        return previous
 
     # -- outbound ------------------------------------------------------------
     def send(self, event: JsonDict) -> None:
@@ -177,15 +186,16 @@ class RealtimeProtocol:
                 }
             ]
         if isinstance(event, UserTurnCommitted):
+            previous = self._place_item(event.item_id)
             return [
                 {
                     "type": "input_audio_buffer.committed",
                     "item_id": event.item_id,
-                    "previous_item_id": event.previous_item_id,
+                    "previous_item_id": previous,
                 },
                 {
                     "type": "conversation.item.added",
-                    "previous_item_id": event.previous_item_id,
+                    "previous_item_id": previous,
                     "item": self._user_item(event.item_id, None),
                 },
             ]
@@ -200,12 +210,13 @@ class RealtimeProtocol:
                 },
                 {
                     "type": "conversation.item.done",
-                    "previous_item_id": None,
+                    "previous_item_id": self._previous.pop(event.item_id, None),
                     "item": self._user_item(event.item_id, event.transcript),
                 },
             ]
         if isinstance(event, ResponseStarted):
             self._transcripts[event.response_id] = ""
+            previous = self._place_item(event.item_id)
             ref = {
                 "response_id": event.response_id,
                 "item_id": event.item_id,
@@ -225,7 +236,7 @@ class RealtimeProtocol:
                 },
                 {
                     "type": "conversation.item.added",
-                    "previous_item_id": None,
+                    "previous_item_id": previous,
                     "item": self._assistant_item(event.item_id, "in_progress", None),
                 },
                 {
@@ -303,7 +314,11 @@ class RealtimeProtocol:
                 "output_index": 0,
                 "item": item,
             },
-            {"type": "conversation.item.done", "previous_item_id": None, "item": item},
+            {
+                "type": "conversation.item.done",
+                "previous_item_id": self._previous.pop(event.item_id, None),
+                "item": item,
+            },
             {"type": "response.done", "response": response},
         ]
 

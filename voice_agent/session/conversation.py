@@ -19,22 +19,19 @@ class Conversation:
         self.instructions = instructions
         self.history_turns = max(0, history_turns)
         self._history: list[ChatMessage] = []
-        self.last_item_id: str | None = None
 
     def messages_for(self, user_text: str) -> list[ChatMessage]:
         """The prompt for replying to ``user_text`` (not yet in the history)."""
         system = [ChatMessage("system", self.instructions)] if self.instructions else []
         return [*system, *self._history, ChatMessage("user", user_text)]
 
-    def add_user(self, text: str, item_id: str) -> None:
+    def add_user(self, text: str) -> None:
         self._append(ChatMessage("user", text))
-        self.last_item_id = item_id
 
-    def add_assistant(self, heard_text: str, item_id: str) -> None:
+    def add_assistant(self, heard_text: str) -> None:
         """Record only what the user actually heard of the reply."""
         if heard_text:
             self._append(ChatMessage("assistant", heard_text))
-        self.last_item_id = item_id
 
     def _append(self, message: ChatMessage) -> None:
         self._history.append(message)

@@ -24,7 +24,6 @@ class UserSpeechStopped:
 @dataclass(frozen=True)
 class UserTurnCommitted:
     item_id: str
-    previous_item_id: str | None
 
 
 @dataclass(frozen=True)

@@ -294,7 +294,7 @@ class Response:
         # the LLM server's prompt cache still matches it on the next turn; a
         # cut-off reply keeps only the words the user heard.
         history_text = self._raw_text.strip() if status == "completed" else heard
-        self.conversation.add_assistant(history_text, self.item_id)
+        self.conversation.add_assistant(history_text)
         self.emit(
             ResponseFinished(self.response_id, self.item_id, status, reason, heard, self.metrics)
         )

@@ -183,9 +183,8 @@ class VoiceSession:
     def _on_turn_ended(self, event: TurnEnded) -> None:
         item_id = self._item_id or new_id("item")
         self._item_id = None
-        previous = self.conversation.last_item_id
         self._emit(UserSpeechStopped(item_id, event.audio_end_ms))
-        self._emit(UserTurnCommitted(item_id, previous))
+        self._emit(UserTurnCommitted(item_id))
         spec, self._speculation = self._speculation, None
         if spec is not None and spec.audio_end_ms != event.audio_end_ms:
             self._speculation = spec
@@ -233,7 +232,7 @@ class VoiceSession:
             text = ""
         self._emit(UserTranscript(item_id, text))
         if text:
-            self.conversation.add_user(text, item_id)
+            self.conversation.add_user(text)
         response = spec.response if spec is not None else None
         if not text or generation != self._generation or self._closed:
             # Nothing was said, or the user has already started another turn.
