@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import av
@@ -44,7 +44,6 @@ class PacingStats:
     late_over_20ms: int = 0
     max_late_ms: float = 0.0
     resyncs: int = 0
-    late_ms: list[float] = field(default_factory=list)
 
     def merge(self, other: PacingStats) -> None:
         self.frames += other.frames
@@ -53,14 +52,12 @@ class PacingStats:
         self.max_late_ms = max(self.max_late_ms, other.max_late_ms)
         self.resyncs += other.resyncs
 
-    def record(self, late_s: float, keep_samples: bool) -> None:
+    def record(self, late_s: float) -> None:
         late_ms = late_s * 1000.0
         self.frames += 1
         if late_ms > 20.0:
             self.late_over_20ms += 1
         self.max_late_ms = max(self.max_late_ms, late_ms)
-        if keep_samples:
-            self.late_ms.append(late_ms)
 
 
 FrameListener = Callable[[Any], None]
@@ -80,7 +77,6 @@ class PacedAudioTrack(MediaStreamTrack):
         self,
         buffer_ms: int = 200,
         clock: Callable[[], float] = time.monotonic,
-        keep_lateness_samples: bool = False,
     ) -> None:
         super().__init__()
         self._clock = clock
@@ -94,10 +90,7 @@ class PacedAudioTrack(MediaStreamTrack):
         self._index = 0
         self._opus = OpusStream()
         self.stats = PacingStats()
-        self._keep_lateness = keep_lateness_samples
         self.on_audio_frame: FrameListener | None = None
-        self.on_idle: Callable[[], None] | None = None
-        self._was_playing = False
         self._drained = asyncio.Event()
         self._drained.set()
         self._wake: asyncio.Future[bool] | None = None
@@ -186,7 +179,7 @@ class PacedAudioTrack(MediaStreamTrack):
             self._start = now - self._index * FRAME_MS / 1000.0
             self.stats.resyncs += 1
             late = 0.0
-        self.stats.record(late, self._keep_lateness)
+        self.stats.record(late)
 
         if self._frames:
             samples, tag = self._frames.popleft()
@@ -195,15 +188,10 @@ class PacedAudioTrack(MediaStreamTrack):
             if not self._frames and not self._pending.size:
                 self._drained.set()
             self.stats.audio_frames += 1
-            self._was_playing = True
             if self.on_audio_frame is not None:
                 self.on_audio_frame(tag)
         else:
             samples = None
-            if self._was_playing:
-                self._was_playing = False
-                if self.on_idle is not None:
-                    self.on_idle()
         pts = self._index * FRAME_SAMPLES
         self._index += 1
         return samples, pts

@@ -102,8 +102,6 @@ class Response:
         self._error: str | None = None
         self._raw_text = ""  # exactly what the model generated
         self._tasks: list[asyncio.Task[None]] = []
-        self.finished = asyncio.Event()
-        # Called once the reply has ended, whichever way it ended.
         # Called once both of its tasks have stopped.
         self.closed_callbacks: list[Callable[[Response], None]] = []
 
@@ -141,7 +139,6 @@ class Response:
             task.cancel()
         self.status = "cancelled"
         if not self.committed:
-            self._mark_finished()
             return
         self.output.flush()
         if self._audio_started:
@@ -300,7 +297,3 @@ class Response:
         )
         if self.on_finished is not None:
             self.on_finished(self)
-        self._mark_finished()
-
-    def _mark_finished(self) -> None:
-        self.finished.set()

@@ -345,12 +345,6 @@ class VoiceSession:
             if response is not None:
                 self._emit(AssistantAudioCleared(response.response_id))
 
-    @property
-    def active_response(self) -> Response | None:
-        if self._response is not None and self._response.status == "in_progress":
-            return self._response
-        return None
-
     async def close(self) -> None:
         """Stop everything this session started; safe to call twice."""
         if self._closed:
