@@ -87,7 +87,6 @@ class Call:
         self._early_events: deque[str] = deque(maxlen=MAX_EARLY_EVENTS)
         self._tasks: set[asyncio.Task[None]] = set()
         self._timers: list[asyncio.TimerHandle] = []
-        self._closing: asyncio.Task[None] | None = None
         self._teardown: asyncio.Future[None] | None = None
         self._listening = False
         self._connect_timer: asyncio.TimerHandle | None = None
@@ -195,17 +194,17 @@ class Call:
             )
             self.close_soon("internal_error")
 
-    def close_soon(self, reason: str) -> None:
-        if self._closing is None:
-            self._closing = asyncio.create_task(self.close(reason), name=f"{self.id}-close")
-
-    async def close(self, reason: str = "hangup") -> None:
-        """Release everything. Runs once, to the end, even if the caller of
-        ``close`` is itself cancelled (a hang-up request cut short, shutdown)."""
+    def close_soon(self, reason: str) -> asyncio.Future[None]:
+        """Start releasing the call (once); the teardown runs to the end even
+        if whoever awaits it is cancelled (a hang-up cut short, shutdown)."""
         if self._teardown is None:
             self.close_reason = reason
             self._teardown = asyncio.ensure_future(self._release(reason))
-        await asyncio.shield(self._teardown)
+        return self._teardown
+
+    async def close(self, reason: str = "hangup") -> None:
+        """Release everything and wait until it is done."""
+        await asyncio.shield(self.close_soon(reason))
 
     async def _release(self, reason: str) -> None:
         log.info("call closing", extra={"call_id": self.id, "reason": reason})
