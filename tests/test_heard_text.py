@@ -4,11 +4,11 @@ the expected answer is exact (the models' own tests are elsewhere)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 
-from voice_agent.backends.base import ChatMessage
+from voice_agent.backends.base import ChatMessage, ToolCall, ToolChoice, ToolSpec
 from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import ResponseFinished, SessionEvent
@@ -24,12 +24,17 @@ class ScriptedLlm:
         self.text = text
 
     async def stream_reply(
-        self, messages: list[ChatMessage], max_tokens: int, temperature: float
-    ) -> AsyncIterator[str]:
+        self,
+        messages: list[ChatMessage],
+        max_tokens: int,
+        temperature: float,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: ToolChoice = "auto",
+    ) -> AsyncIterator[str | ToolCall]:
         for word in self.text.split(" "):
             yield word + " "
 
-    async def prefill(self, messages: list[ChatMessage]) -> None:
+    async def prefill(self, messages: list[ChatMessage], tools: Sequence[ToolSpec] = ()) -> None:
         return None
 
     async def aclose(self) -> None:

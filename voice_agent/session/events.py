@@ -71,6 +71,18 @@ class ResponseFinished:
 
 
 @dataclass(frozen=True)
+class FunctionCallRequested:
+    """The model called a function the client declared; the client runs it
+    and sends the result back."""
+
+    response_id: str
+    item_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class SessionError:
     code: str
     message: str
@@ -87,5 +99,6 @@ SessionEvent = (
     | AssistantAudioStopped
     | AssistantAudioCleared
     | ResponseFinished
+    | FunctionCallRequested
     | SessionError
 )

@@ -13,27 +13,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from voice_agent.audio.resample import StreamResampler
-from voice_agent.backends.base import ChatMessage, LlmBackend, TtsBackend
+from voice_agent.backends.base import (
+    ChatMessage,
+    LlmBackend,
+    LlmError,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+    TtsBackend,
+)
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import (
     AssistantAudioCleared,
     AssistantAudioStarted,
     AssistantAudioStopped,
     AssistantTextDelta,
+    FunctionCallRequested,
     ResponseFinished,
     ResponseStarted,
     SessionError,
     SessionEvent,
 )
+from voice_agent.session.ids import new_id
 from voice_agent.session.metrics import TurnMetrics, now
+from voice_agent.session.tools import ToolRegistry
 from voice_agent.stages.text_chunker import TextChunker
+from voice_agent.stages.text_filter import SpokenTextFilter, strip_thinking
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +85,10 @@ class _Piece:
 class ReplySettings:
     max_tokens: int
     temperature: float
+    # LLM rounds in one reply: each round after the first follows tool results.
+    max_tool_steps: int = 3
+    # Spoken when the LLM fails before saying anything, instead of silence.
+    apology: str = "Sorry, I can't answer right now. Please try again in a moment."
 
 
 Status = Literal["in_progress", "completed", "cancelled", "failed"]
@@ -92,15 +108,24 @@ class Response:
     metrics: TurnMetrics = field(default_factory=TurnMetrics)
     status: Status = "in_progress"
     on_finished: Callable[[Response], None] | None = None
+    tools: Sequence[ToolSpec] = ()
+    tool_choice: ToolChoice = "auto"
+    server_tools: ToolRegistry | None = None
 
     def __post_init__(self) -> None:
         self._committed = asyncio.Event()
-        self._queue: asyncio.Queue[_Piece | None] = asyncio.Queue(maxsize=PIECES_AHEAD)
+        self._queue: asyncio.Queue[_Piece | FunctionCallRequested | None] = asyncio.Queue(
+            maxsize=PIECES_AHEAD
+        )
         self._pieces: dict[int, _Piece] = {}
         self._resampler = StreamResampler(self.tts.sample_rate, OUTPUT_RATE)
         self._audio_started = False
         self._error: str | None = None
-        self._raw_text = ""  # exactly what the model generated
+        self._error_code = "llm_error"
+        self._final_text = ""  # what the model generated in its last round
+        self._next_index = 0  # of the next piece
+        # Tool calls and their results, for the history of a completed reply.
+        self._exchange: list[ChatMessage] = []
         self._tasks: list[asyncio.Task[None]] = []
         # Called once both of its tasks have stopped.
         self.closed_callbacks: list[Callable[[Response], None]] = []
@@ -186,9 +211,6 @@ class Response:
 
     # -- the two tasks -----------------------------------------------------
     async def _generate(self) -> None:
-        chunker = TextChunker()
-        index = 0
-        raw: list[str] = []
         try:
             self.metrics.llm_request = now()
             log.debug(
@@ -199,35 +221,115 @@ class Response:
                     "prompt_chars": sum(len(m.content) for m in self.messages),
                 },
             )
-            stream = self.llm.stream_reply(
-                self.messages, self.reply.max_tokens, self.reply.temperature
-            )
-            try:
-                async for delta in stream:
-                    if self.metrics.llm_first_token is None:
-                        self.metrics.llm_first_token = now()
-                    raw.append(delta)
-                    self._raw_text = "".join(raw)
-                    for text in chunker.push(delta):
-                        await self._synthesize(index, text)
-                        index += 1
-            finally:
-                # Closing the stream closes the HTTP response: the server stops generating.
-                await stream.aclose()  # type: ignore[attr-defined]
-            for text in chunker.flush():
-                await self._synthesize(index, text)
-                index += 1
-            tail = self._resampler.process(np.zeros(0, dtype=np.int16), last=True)
-            if tail.size:
-                await self._enqueue(_Piece(index, "", tail, 0))
+            await self._run_rounds()
+            await self._flush_audio()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the LLM or TTS failed: report, don't crash the session
             log.warning(
                 "reply generation failed", exc_info=True, extra={"response_id": self.response_id}
             )
-            self._error = f"{type(exc).__name__}: {exc}"
+            self._error = str(exc) if isinstance(exc, LlmError) else f"{type(exc).__name__}: {exc}"
+            self._error_code = exc.code if isinstance(exc, LlmError) else "llm_error"
+            if not any(piece.text for piece in self._pieces.values()):
+                await self._apologise()
         await self._queue.put(None)
+
+    async def _flush_audio(self) -> None:
+        """The resampler's last samples, as a silent-text piece."""
+        tail = self._resampler.process(np.zeros(0, dtype=np.int16), last=True)
+        if tail.size:
+            await self._enqueue(_Piece(self._next_index, "", tail, 0))
+            self._next_index += 1
+
+    async def _speak(self, texts: list[str]) -> None:
+        for text in texts:
+            await self._synthesize(self._next_index, text)
+            self._next_index += 1
+
+    async def _run_rounds(self) -> None:
+        """LLM rounds until the model answers without calling a server tool,
+        or calls a client tool (the client answers and asks for the next
+        reply itself), or the step limit is reached: the last round offers
+        the tools with tool_choice "none", so the model has to speak."""
+        messages = list(self.messages)
+        steps = max(1, self.reply.max_tool_steps)
+        registry = self.server_tools
+        for step in range(steps):
+            last = step == steps - 1
+            forced_answer = last and step > 0 and bool(self.tools)
+            text, calls = await self._one_round(
+                messages, "none" if forced_answer else self.tool_choice
+            )
+            server_calls = [c for c in calls if registry is not None and c.name in registry]
+            client_calls = [c for c in calls if c not in server_calls]
+            if last and server_calls:
+                log.warning(
+                    "tool step limit reached",
+                    extra={"response_id": self.response_id, "steps": steps},
+                )
+                server_calls = []  # never run: no round is left to read their results
+            if not server_calls and not client_calls:
+                self._final_text = text
+                return
+            call_message = ChatMessage("assistant", text, tool_calls=(*server_calls, *client_calls))
+            messages.append(call_message)
+            self._exchange.append(call_message)
+            if server_calls and registry is not None:
+                # Tools may act on the world: only for a reply that is really given.
+                await self._committed.wait()
+                results = await asyncio.gather(*(registry.call(c) for c in server_calls))
+                for call, result in zip(server_calls, results, strict=True):
+                    log.info(
+                        "tool called", extra={"response_id": self.response_id, "tool": call.name}
+                    )
+                    result_message = ChatMessage("tool", result, tool_call_id=call.call_id)
+                    messages.append(result_message)
+                    self._exchange.append(result_message)
+            if client_calls:
+                for c in client_calls:
+                    request = FunctionCallRequested(
+                        self.response_id, new_id("item"), c.call_id, c.name, c.arguments
+                    )
+                    await self._queue.put(request)
+                return
+
+    async def _one_round(
+        self, messages: list[ChatMessage], choice: ToolChoice
+    ) -> tuple[str, list[ToolCall]]:
+        """Stream one LLM request, speaking its text; return the raw text and tool calls."""
+        chunker = TextChunker()
+        spoken = SpokenTextFilter()
+        raw: list[str] = []
+        calls: list[ToolCall] = []
+        stream = self.llm.stream_reply(
+            messages, self.reply.max_tokens, self.reply.temperature, self.tools, choice
+        )
+        try:
+            async for output in stream:
+                if self.metrics.llm_first_token is None:
+                    self.metrics.llm_first_token = now()
+                if isinstance(output, ToolCall):
+                    calls.append(output)
+                    continue
+                raw.append(output)
+                await self._speak(chunker.push(spoken.push(output)))
+        finally:
+            # Closing the stream closes the HTTP response: the server stops generating.
+            await stream.aclose()  # type: ignore[attr-defined]
+        await self._speak(chunker.push(spoken.flush()))
+        await self._speak(chunker.flush())
+        return strip_thinking("".join(raw)), calls
+
+    async def _apologise(self) -> None:
+        """Say so rather than stay silent (best effort: TTS may be what failed)."""
+        try:
+            await self._speak([self.reply.apology])
+            await self._flush_audio()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("apology failed", exc_info=True, extra={"response_id": self.response_id})
 
     async def _synthesize(self, index: int, text: str) -> None:
         first = index == 0
@@ -262,6 +364,9 @@ class Response:
         spoken_any = False
         written = 0
         while (piece := await self._queue.get()) is not None:
+            if isinstance(piece, FunctionCallRequested):
+                self.emit(piece)
+                continue
             if piece.text:
                 delta = piece.text if not spoken_any else " " + piece.text
                 spoken_any = True
@@ -276,9 +381,11 @@ class Response:
         if self._audio_started:
             self.emit(AssistantAudioStopped(self.response_id))
         if self._error is not None:
-            self.emit(SessionError("llm_error", f"the reply could not be generated: {self._error}"))
+            self.emit(
+                SessionError(self._error_code, f"the reply could not be generated: {self._error}")
+            )
             self.status = "failed"
-            self._finish("failed", "error")
+            self._finish("failed", self._error_code)
         else:
             self.status = "completed"
             self._finish("completed", None)
@@ -287,11 +394,16 @@ class Response:
         self, status: Literal["completed", "cancelled", "failed"], reason: str | None
     ) -> None:
         heard = self.full_text() if status == "completed" else self.heard_text()
-        # A reply heard in full goes into the history exactly as generated, so
-        # the LLM server's prompt cache still matches it on the next turn; a
-        # cut-off reply keeps only the words the user heard.
-        history_text = self._raw_text.strip() if status == "completed" else heard
-        self.conversation.add_assistant(history_text)
+        # A reply heard in full goes into the history exactly as generated
+        # (with its tool calls and results), so the LLM server's prompt cache
+        # still matches it on the next turn; a cut-off reply keeps only the
+        # words the user heard.
+        if status == "completed":
+            for message in self._exchange:
+                self.conversation.add(message)
+            self.conversation.add_assistant(self._final_text.strip())
+        else:
+            self.conversation.add_assistant(heard)
         self.emit(
             ResponseFinished(self.response_id, self.item_id, status, reason, heard, self.metrics)
         )

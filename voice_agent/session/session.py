@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from voice_agent.backends.base import ChatMessage, LlmBackend, SttBackend, TtsBackend, VadBackend
+from voice_agent.backends.base import (
+    ChatMessage,
+    LlmBackend,
+    SttBackend,
+    ToolChoice,
+    ToolSpec,
+    TtsBackend,
+    VadBackend,
+)
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import (
     AssistantAudioCleared,
@@ -34,6 +43,7 @@ from voice_agent.session.events import (
 from voice_agent.session.ids import new_id
 from voice_agent.session.metrics import TurnMetrics, now
 from voice_agent.session.response import AudioOutput, PieceTag, ReplySettings, Response
+from voice_agent.session.tools import ToolRegistry
 from voice_agent.stages.turns import (
     FRAME_SAMPLES,
     Paused,
@@ -66,6 +76,7 @@ class SessionConfig:
     reply: ReplySettings
     vad_floor_dbfs: float = -50.0
     prefill: bool = False
+    tools: ToolRegistry | None = None  # server-side tools (--tools)
 
 
 @dataclass
@@ -104,6 +115,9 @@ class VoiceSession:
         self._generation = 0  # bumped by every new user turn: stale work checks it
         self._closed = False
         self._silence_ms = config.turn.turn_silence_ms
+        # Functions the client declared (session.update): it runs them itself.
+        self.client_tools: list[ToolSpec] = []
+        self.tool_choice: ToolChoice = "auto"
 
     # -- audio in ------------------------------------------------------------
     def push_audio(self, samples: np.ndarray) -> None:
@@ -244,19 +258,36 @@ class VoiceSession:
         self._play(response)
 
     # -- replies ------------------------------------------------------------------
-    def _new_response(self, user_text: str, metrics: TurnMetrics) -> Response:
+    @property
+    def tools(self) -> list[ToolSpec]:
+        server = self.config.tools.specs if self.config.tools is not None else []
+        return [*server, *self.client_tools]
+
+    def _new_response(
+        self,
+        user_text: str | None,
+        metrics: TurnMetrics,
+        instructions: str | None = None,
+        max_tokens: int | None = None,
+    ) -> Response:
+        reply = self.config.reply
+        if max_tokens is not None:
+            reply = dataclasses.replace(reply, max_tokens=max_tokens)
         response = Response(
             response_id=new_id("resp"),
             item_id=new_id("item"),
-            messages=self.conversation.messages_for(user_text),
+            messages=self.conversation.messages_for(user_text, instructions),
             llm=self.models.llm,
             tts=self.models.tts,
             output=self.output,
             conversation=self.conversation,
             emit=self._emit,
-            reply=self.config.reply,
+            reply=reply,
             metrics=metrics,
             on_finished=self._on_response_finished,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            server_tools=self.config.tools,
         )
         self._live_responses.add(response)
         response.start()
@@ -286,7 +317,7 @@ class VoiceSession:
 
     async def _prefill(self, messages: list[ChatMessage]) -> None:
         try:
-            await self.models.llm.prefill(messages)
+            await self.models.llm.prefill(messages, self.tools)
         except Exception:  # an optimisation only: never fail the session for it
             log.debug("prefill failed", exc_info=True, extra={"session": self.id})
 
@@ -315,13 +346,48 @@ class VoiceSession:
             response.frame_sent(tag)
 
     # -- client controls --------------------------------------------------------------
-    def update(self, instructions: str | None = None, silence_ms: int | None = None) -> None:
+    def update(
+        self,
+        instructions: str | None = None,
+        silence_ms: int | None = None,
+        tools: list[ToolSpec] | None = None,
+        tool_choice: ToolChoice | None = None,
+        max_output_tokens: int | None = None,
+    ) -> None:
         if instructions is not None:
             self.conversation.instructions = instructions
             self.config.instructions = instructions
         if silence_ms is not None:
             self._detector.set_silence_ms(silence_ms)
             self._silence_ms = silence_ms
+        if tools is not None:
+            self.client_tools = tools
+        if tool_choice is not None:
+            self.tool_choice = tool_choice
+        if max_output_tokens is not None:
+            self.config.reply = dataclasses.replace(self.config.reply, max_tokens=max_output_tokens)
+
+    def add_user_text(self, text: str) -> None:
+        """A typed user message (``conversation.item.create``); no reply by itself."""
+        self.conversation.add_user(text)
+
+    def add_function_output(self, call_id: str, output: str) -> None:
+        """The client's result for a function call it was asked to run."""
+        self.conversation.add(ChatMessage("tool", output, tool_call_id=call_id))
+
+    def create_response(
+        self, instructions: str | None = None, max_output_tokens: int | None = None
+    ) -> bool:
+        """Reply to the conversation as it stands (``response.create``);
+        False while a reply is already being given."""
+        if self._closed:
+            return False
+        if self._response is not None and self._response.status == "in_progress":
+            return False
+        self._drop_speculation()
+        response = self._new_response(None, TurnMetrics(), instructions, max_output_tokens)
+        self._play(response)
+        return True
 
     @property
     def current_silence_ms(self) -> int:
