@@ -79,6 +79,8 @@ class MarkdownStripper:
         while self._buf:
             if self._line_start:
                 mark = _LINE_MARK.match(self._buf)
+                if mark is not None and mark.end() == len(self._buf) and not final:
+                    break  # the mark may go on ("> " after ">")
                 if mark is not None:
                     self._buf = self._buf[mark.end() :]
                     self._line_start = False

@@ -1,0 +1,229 @@
+"""A reply through the real TTS, driven by a scripted LLM over HTTP: server
+tool rounds, tool timeouts, the step limit, client tool calls, filtered
+text, and the spoken apology when the LLM fails."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    call_events,
+    close_quietly,
+    make_llm,
+    scripted_llm_server,
+    text_events,
+)
+from voice_agent.backends.base import ChatMessage, ToolCall, ToolSpec
+from voice_agent.engine import Engine
+from voice_agent.session.conversation import Conversation
+from voice_agent.session.events import (
+    AssistantTextDelta,
+    FunctionCallRequested,
+    ResponseFinished,
+    SessionError,
+    SessionEvent,
+)
+from voice_agent.session.response import ReplySettings, Response
+from voice_agent.session.tools import ToolRegistry
+
+APIS = ["chat-completions", "responses"]
+APOLOGY = "Sorry, I can't answer right now."
+
+
+class Recorder:
+    """An audio output that keeps what it is given (stands in for the track)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+
+    async def write(self, samples: np.ndarray, tag: Any = None) -> None:
+        self.chunks.append(samples)
+
+    async def finish(self) -> None:
+        return None
+
+    async def drain(self) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+    def peak(self) -> int:
+        return max((int(np.abs(c).max()) for c in self.chunks if c.size), default=0)
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[ScriptedLlmServer]:
+    async with scripted_llm_server() as server:
+        yield server
+
+
+async def reply(
+    engine: Engine,
+    api: str,
+    peer: ScriptedLlmServer,
+    tools: list[ToolSpec] | None = None,
+    server_tools: ToolRegistry | None = None,
+    max_tool_steps: int = 3,
+) -> tuple[ResponseFinished, list[SessionEvent], Conversation, Recorder]:
+    assert engine.models is not None
+    llm = make_llm(api, peer.base_url, retries=1)
+    events: list[SessionEvent] = []
+    conversation = Conversation("Be brief.", 4)
+    conversation.add_user("What's the weather in Paris?")
+    output = Recorder()
+    response = Response(
+        "resp_1",
+        "item_1",
+        conversation.messages_for(None),
+        llm,
+        engine.models.tts,
+        output,
+        conversation,
+        events.append,
+        ReplySettings(60, 0.5, max_tool_steps=max_tool_steps, apology=APOLOGY),
+        tools=[*(server_tools.specs if server_tools else []), *(tools or [])],
+        server_tools=server_tools,
+    )
+    try:
+        response.start()
+        response.commit()
+        await response.wait_closed()
+    finally:
+        await close_quietly(llm)
+    finished = [e for e in events if isinstance(e, ResponseFinished)]
+    assert len(finished) == 1
+    return finished[0], events, conversation, output
+
+
+def spoken(events: list[SessionEvent]) -> str:
+    return "".join(e.delta for e in events if isinstance(e, AssistantTextDelta))
+
+
+@pytest.fixture
+def tools() -> ToolRegistry:
+    return ToolRegistry.from_module("tests.tools_example", timeout_s=0.5)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_server_tool_result_is_fed_back_and_the_answer_spoken(
+    engine: Engine, api: str, peer: ScriptedLlmServer, tools: ToolRegistry
+) -> None:
+    peer.add(
+        Script(call_events(api, ("call_1", "get_weather", '{"city": "Paris"}'))),
+        Script(text_events(api, "It is sunny ", "in Paris.")),
+    )
+    finished, events, conversation, output = await reply(engine, api, peer, server_tools=tools)
+    assert finished.status == "completed"
+    assert spoken(events) == "It is sunny in Paris."
+    assert output.peak() > 1000
+    second = str(peer.bodies()[1])
+    assert "sunny in Paris, 24 degrees celsius" in second and "call_1" in second
+    history = conversation.history
+    assert history[1].tool_calls == (ToolCall("call_1", "get_weather", '{"city": "Paris"}'),)
+    assert history[2] == ChatMessage(
+        "tool", "sunny in Paris, 24 degrees celsius", tool_call_id="call_1"
+    )
+    assert history[3] == ChatMessage("assistant", "It is sunny in Paris.")
+
+
+async def test_a_tool_that_times_out_tells_the_model(
+    engine: Engine, peer: ScriptedLlmServer, tools: ToolRegistry
+) -> None:
+    api = "chat-completions"
+    peer.add(
+        Script(call_events(api, ("call_1", "slow_lookup", '{"query": "news"}'))),
+        Script(text_events(api, "I could not look that up.")),
+    )
+    finished, events, _, _ = await reply(engine, api, peer, server_tools=tools)
+    assert finished.status == "completed"
+    tool_message = peer.bodies()[1]["messages"][-1]
+    assert tool_message["role"] == "tool"
+    assert tool_message["content"] == "error: slow_lookup did not finish within 0.5 s"
+    assert spoken(events) == "I could not look that up."
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_tool_rounds_stop_at_the_step_limit(
+    engine: Engine, api: str, peer: ScriptedLlmServer, tools: ToolRegistry
+) -> None:
+    call = ("call_1", "get_weather", '{"city": "Paris"}')
+    again = ("call_2", "get_weather", '{"city": "Rome"}')
+    peer.add(Script(call_events(api, call)), Script(call_events(api, again)))
+    finished, _, conversation, _ = await reply(
+        engine, api, peer, server_tools=tools, max_tool_steps=2
+    )
+    assert finished.status == "completed"
+    bodies = peer.bodies()
+    assert len(bodies) == 2
+    assert bodies[0]["tool_choice"] == "auto"
+    assert bodies[1]["tool_choice"] == "none"  # the last round has to answer
+    # The call made in the last round was never run.
+    results = [m for m in conversation.history if m.role == "tool"]
+    assert [m.tool_call_id for m in results] == ["call_1"]
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_client_tool_call_is_handed_to_the_client(
+    engine: Engine, api: str, peer: ScriptedLlmServer
+) -> None:
+    lookup = ToolSpec("lookup_order", "Find an order.", {"type": "object", "properties": {}})
+    peer.add(Script(call_events(api, ("call_9", "lookup_order", '{"id": 42}'))))
+    finished, events, conversation, _ = await reply(engine, api, peer, tools=[lookup])
+    assert finished.status == "completed"
+    (requested,) = [e for e in events if isinstance(e, FunctionCallRequested)]
+    assert (requested.call_id, requested.name, requested.arguments) == (
+        "call_9",
+        "lookup_order",
+        '{"id": 42}',
+    )
+    assert len(peer.requests) == 1  # the client answers; no second round here
+    assert conversation.history[-1].tool_calls[0].call_id == "call_9"
+
+
+async def test_thinking_markdown_and_emoji_are_not_spoken(
+    engine: Engine, peer: ScriptedLlmServer
+) -> None:
+    api = "chat-completions"
+    peer.add(
+        Script(
+            text_events(api, "<think>The user wants", " weather.</think>", "**Sunny** 😀 today.")
+        )
+    )
+    finished, events, conversation, _ = await reply(engine, api, peer)
+    assert finished.status == "completed"
+    assert spoken(events) == "Sunny today."
+    assert finished.transcript == "Sunny today."
+    assert conversation.history[-1].content == "**Sunny** 😀 today."
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_an_llm_failure_before_any_text_is_apologised_for(
+    engine: Engine, api: str, peer: ScriptedLlmServer
+) -> None:
+    peer.add(Script(status=500), Script(status=500))
+    finished, events, _, output = await reply(engine, api, peer)
+    assert finished.status == "failed" and finished.reason == "http_500"
+    (error,) = [e for e in events if isinstance(e, SessionError)]
+    assert error.code == "http_500" and "500" in error.message
+    assert spoken(events) == APOLOGY
+    assert output.peak() > 1000  # the apology was synthesised and played
+
+
+async def test_an_llm_failure_after_some_text_just_ends_the_reply(
+    engine: Engine, peer: ScriptedLlmServer
+) -> None:
+    api = "chat-completions"
+    events_ = text_events(api, "The weather in Paris is, ", "sunny.")
+    peer.add(Script(events_, drop_after=2))
+    finished, events, _, _ = await reply(engine, api, peer)
+    assert finished.status == "failed" and finished.reason == "stream_interrupted"
+    assert [e.code for e in events if isinstance(e, SessionError)] == ["stream_interrupted"]
+    assert spoken(events) == "The weather in Paris is,"
+    assert APOLOGY not in spoken(events)
