@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import socket
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -241,3 +242,10 @@ def engine_with_llm(engine: Engine, llm: Any, **settings: Any) -> Engine:
 async def close_quietly(llm: Any) -> None:
     with contextlib.suppress(Exception):
         await llm.aclose()
+
+
+def closed_port() -> int:
+    """A local port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

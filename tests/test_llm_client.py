@@ -5,7 +5,6 @@ dropped connections and cancellation."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +15,7 @@ from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
     call_events,
+    closed_port,
     make_llm,
     scripted_llm_server,
     text_events,
@@ -228,12 +228,6 @@ async def test_cancelling_the_consumer_closes_the_connection_upstream(
     finally:
         task.cancel()
         await llm.aclose()
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_an_unreachable_endpoint_is_a_clear_error() -> None:

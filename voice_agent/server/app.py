@@ -22,6 +22,7 @@ from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.calls import CallRegistry
+from voice_agent.server.llm_proxy import add_llm_proxy
 from voice_agent.session.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -282,6 +283,8 @@ def build_app(settings: Settings, engine: Engine) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/", index)
+    if settings.enable_llm_proxy:
+        add_llm_proxy(app, lambda: engine.llm_config, settings.llm_proxy_max_body_bytes)
     if WEB_DIR.is_dir():
         app.router.add_static("/web/", WEB_DIR, show_index=False)
 

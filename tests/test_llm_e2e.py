@@ -1,0 +1,158 @@
+"""Client-side tools and LLM failures over WebRTC with a real aiortc peer:
+the function call arrives on the data channel, the peer answers it, and the
+answer is spoken; a dead LLM endpoint is apologised for out loud."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests import conftest
+from tests.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    call_events,
+    close_quietly,
+    closed_port,
+    engine_with_llm,
+    make_llm,
+    scripted_llm_server,
+    text_events,
+)
+from voice_agent.client import RealtimeClient
+from voice_agent.engine import Engine
+
+pytestmark = pytest.mark.e2e
+API = "chat-completions"
+ORDER_TOOL = {
+    "type": "function",
+    "name": "get_order_status",
+    "description": "Status of an order by its id.",
+    "parameters": {
+        "type": "object",
+        "properties": {"order_id": {"type": "string"}},
+        "required": ["order_id"],
+    },
+}
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[ScriptedLlmServer]:
+    async with scripted_llm_server() as server:
+        yield server
+
+
+def typed(text: str) -> dict[str, Any]:
+    return {
+        "type": "conversation.item.create",
+        "item": {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        },
+    }
+
+
+async def test_a_client_tool_call_is_answered_by_the_client_and_the_answer_spoken(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    llm = make_llm(API, peer.base_url)
+    scripted = engine_with_llm(engine, llm, llm_prefill=False)
+    async with conftest.run_server(conftest.test_settings(), scripted) as server:
+        client = RealtimeClient(server.url)
+        await client.connect(http)
+        client.send({"type": "session.update", "session": {"tools": [ORDER_TOOL]}})
+        updated = await asyncio.wait_for(client.wait_for_type("session.updated"), 5)
+        assert updated["session"]["tools"] == [ORDER_TOOL]
+
+        peer.add(
+            Script(call_events(API, ("call_7", "get_order_status", '{"order_id": "A17"}'))),
+            Script(text_events(API, "Your order A17 ", "has shipped.")),
+        )
+        client.send(typed("Where is my order A17?"))
+        client.send(
+            {
+                "type": "response.create",
+                "response": {"instructions": "Use the tools.", "max_output_tokens": 33},
+            }
+        )
+        args = await asyncio.wait_for(
+            client.wait_for_type("response.function_call_arguments.done"), 15
+        )
+        assert (args["call_id"], args["name"], args["arguments"]) == (
+            "call_7",
+            "get_order_status",
+            '{"order_id": "A17"}',
+        )
+        first = (await asyncio.wait_for(client.wait_for_type("response.done"), 15))["response"]
+        assert first["status"] == "completed"
+        call_item = first["output"][-1]
+        assert call_item["type"] == "function_call" and call_item["call_id"] == "call_7"
+        added = [e["item"]["type"] for e in client.of_type("response.output_item.added")]
+        assert "function_call" in added
+        request = peer.bodies()[0]
+        assert request["messages"][0] == {"role": "system", "content": "Use the tools."}
+        assert request["messages"][-1] == {"role": "user", "content": "Where is my order A17?"}
+        assert request["max_tokens"] == 33
+        assert request["tools"][0]["function"]["name"] == "get_order_status"
+
+        # The client runs the function and asks for the next reply.
+        mark = len(client.events)
+        client.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "function_call_output",
+                    "call_id": "call_7",
+                    "output": '{"status": "shipped"}',
+                },
+            }
+        )
+        asked_at = time.monotonic()
+        client.send({"type": "response.create"})
+        done = await asyncio.wait_for(client.wait_for_type("response.done", after=mark), 20)
+        second = done["response"]
+        assert second["status"] == "completed"
+        assert second["output"][0]["content"][0]["transcript"] == "Your order A17 has shipped."
+        tool_message = peer.bodies()[1]["messages"][-1]
+        assert tool_message == {
+            "role": "tool",
+            "tool_call_id": "call_7",
+            "content": '{"status": "shipped"}',
+        }
+        # The answer was spoken: audible audio came back.
+        first_sound = client.received.first_sound_after(asked_at)
+        assert first_sound is not None
+        await client.hangup(http)
+        await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+    await close_quietly(llm)
+
+
+async def test_a_dead_llm_endpoint_gets_an_error_and_a_spoken_apology(
+    engine: Engine, http: aiohttp.ClientSession
+) -> None:
+    llm = make_llm(API, f"http://127.0.0.1:{closed_port()}/v1", retries=1)
+    scripted = engine_with_llm(engine, llm, llm_prefill=False)
+    async with conftest.run_server(conftest.test_settings(), scripted) as server:
+        client = RealtimeClient(server.url)
+        await client.connect(http)
+        await asyncio.wait_for(client.wait_for_type("session.created"), 5)
+        client.send(typed("Hello?"))
+        asked_at = time.monotonic()
+        client.send({"type": "response.create"})
+        done = (await asyncio.wait_for(client.wait_for_type("response.done"), 20))["response"]
+        assert done["status"] == "failed"
+        assert done["status_details"]["error"]["code"] == "unreachable"
+        (error,) = client.of_type("error")
+        assert error["error"]["code"] == "unreachable"
+        apology = engine.settings.llm_apology
+        assert done["output"][0]["content"][0]["transcript"] == apology
+        assert client.received.first_sound_after(asked_at) is not None
+        await client.hangup(http)
+        await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+    await close_quietly(llm)
