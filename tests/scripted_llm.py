@@ -36,12 +36,14 @@ class Script:
     hang_after: int | None = None  # keep the stream open after this many events
     drop_after: int | None = None  # cut the TCP connection after this many events
     done: bool = True  # end with ``data: [DONE]``
+    interval_s: float = 0.0  # pause between events, as a model generating tokens
 
 
 class ScriptedLlmServer:
     def __init__(self) -> None:
         self.scripts: deque[Script] = deque()
         self.requests: list[tuple[str, Json]] = []
+        self.authorizations: list[str | None] = []
         self.disconnects = 0
         self.disconnected = asyncio.Event()
         self._disconnect_waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -68,6 +70,7 @@ class ScriptedLlmServer:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.path, await request.json()))
+        self.authorizations.append(request.headers.get("Authorization"))
         script = self.scripts.popleft() if self.scripts else Script(status=503)
         try:
             return await self._play(request, script)
@@ -95,6 +98,8 @@ class ScriptedLlmServer:
                 return response
             if index == script.hang_after:
                 await asyncio.Event().wait()
+            if index and script.interval_s:
+                await asyncio.sleep(script.interval_s)
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
         if script.hang_after is not None and script.hang_after >= len(script.events):
             await asyncio.Event().wait()
@@ -230,12 +235,16 @@ def make_llm(api: str, base_url: str, **config: Any) -> OpenAIChatLlm | OpenAIRe
     return OpenAIChatLlm(cfg) if api == "chat-completions" else OpenAIResponsesLlm(cfg)
 
 
-def engine_with_llm(engine: Engine, llm: Any, **settings: Any) -> Engine:
-    """The shared engine's STT/TTS/VAD with another LLM and settings (for a test server)."""
+def engine_with_llm(
+    engine: Engine, llm: Any, endpoint: HttpLlmConfig | None = None, **settings: Any
+) -> Engine:
+    """The shared engine's STT/TTS/VAD with another LLM (and the endpoint
+    the proxy forwards to) and settings, for a test server."""
     assert engine.models is not None
     clone = copy.copy(engine)
     clone.settings = engine.settings.model_copy(update=settings)
     clone.models = replace(engine.models, llm=llm)
+    clone.llm_config = endpoint
     return clone
 
 

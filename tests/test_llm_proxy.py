@@ -1,0 +1,122 @@
+"""The LLM proxy: the server's model and key, streamed pass-through, bounded
+bodies, clear errors, and a client that leaves ends the upstream request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from tests import conftest
+from tests.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    closed_port,
+    engine_with_llm,
+    scripted_llm_server,
+    text_events,
+)
+from voice_agent.backends.llm_http import HttpLlmConfig
+from voice_agent.engine import Engine
+
+SECRET = "sk-server-secret"
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[ScriptedLlmServer]:
+    async with scripted_llm_server() as server:
+        yield server
+
+
+def proxied(engine: Engine, base_url: str) -> Engine:
+    assert engine.models is not None
+    endpoint = HttpLlmConfig(base_url, SECRET, "server-model", first_token_timeout_s=5)
+    return engine_with_llm(engine, engine.models.llm, endpoint)
+
+
+@pytest.mark.parametrize(
+    ("path", "api"),
+    [("/v1/chat/completions", "chat-completions"), ("/v1/responses", "responses")],
+)
+async def test_requests_are_forwarded_with_the_server_s_model_and_key(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession, path: str, api: str
+) -> None:
+    peer.add(Script(text_events(api, "Hello ", "there.")))
+    settings = conftest.test_settings(enable_llm_proxy=True)
+    async with (
+        conftest.run_server(settings, proxied(engine, peer.base_url)) as server,
+        http.post(
+            server.url + path,
+            json={"model": "client-model", "stream": True, "input": "hi", "messages": []},
+            headers={"Authorization": "Bearer client-token"},
+        ) as response,
+    ):
+        assert response.status == 200
+        assert response.content_type == "text/event-stream"
+        body = await response.text()
+    ((seen_path, request),) = peer.requests
+    assert seen_path == path
+    assert request["model"] == "server-model"
+    assert peer.authorizations == [f"Bearer {SECRET}"]
+    assert SECRET not in body
+    deltas = [line for line in body.splitlines() if line.startswith("data: {")]
+    assert [json.loads(d[6:]) for d in deltas] == text_events(api, "Hello ", "there.")
+
+
+async def test_upstream_errors_pass_through(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    peer.add(Script(status=500))
+    settings = conftest.test_settings(enable_llm_proxy=True)
+    async with (
+        conftest.run_server(settings, proxied(engine, peer.base_url)) as server,
+        http.post(server.url + "/v1/chat/completions", json={}) as response,
+    ):
+        assert response.status == 500
+        assert "scripted failure" in (await response.json())["error"]["message"]
+
+
+async def test_bad_bodies_and_a_dead_endpoint_get_clear_errors(
+    engine: Engine, http: aiohttp.ClientSession
+) -> None:
+    dead = proxied(engine, f"http://127.0.0.1:{closed_port()}/v1")
+    settings = conftest.test_settings(enable_llm_proxy=True, llm_proxy_max_body_bytes=2048)
+    async with conftest.run_server(settings, dead) as server:
+        url = server.url + "/v1/chat/completions"
+        async with http.post(url, json={"messages": "x" * 5000}) as response:
+            assert response.status == 413
+            assert (await response.json())["error"]["code"] == "body_too_large"
+        async with http.post(url, data=b"{not json") as response:
+            assert response.status == 400
+            assert (await response.json())["error"]["code"] == "invalid_body"
+        async with http.post(url, json=[1]) as response:
+            assert response.status == 400
+        async with http.post(url, json={"messages": []}) as response:
+            assert response.status == 502
+            assert (await response.json())["error"]["code"] == "upstream_unreachable"
+
+
+async def test_a_client_that_leaves_ends_the_upstream_request(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    words = [f"word{i} " for i in range(200)]
+    # A model still generating: a token every 50 ms for 10 s.
+    peer.add(Script(text_events("chat-completions", "One, ", *words), interval_s=0.05))
+    settings = conftest.test_settings(enable_llm_proxy=True)
+    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+        response = await http.post(server.url + "/v1/chat/completions", json={"stream": True})
+        assert b"One, " in await response.content.readuntil(b"One, ")
+        response.close()
+        # The proxy's next write fails, and it hangs up on the model.
+        await asyncio.wait_for(peer.disconnected.wait(), 5)
+
+
+async def test_the_proxy_is_off_by_default(
+    server_factory: conftest.ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    async with http.post(server.url + "/v1/chat/completions", json={}) as response:
+        assert response.status in (404, 405)
