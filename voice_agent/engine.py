@@ -9,7 +9,14 @@ import time
 from pathlib import Path
 
 from voice_agent.backends import registry
-from voice_agent.backends.base import ChatMessage, LlmBackend, SttBackend, TtsBackend, VadBackend
+from voice_agent.backends.base import (
+    ChatMessage,
+    LlmBackend,
+    LlmError,
+    SttBackend,
+    TtsBackend,
+    VadBackend,
+)
 from voice_agent.backends.llama_server import (
     MODEL_ALIAS,
     EmbeddedLlamaServer,
@@ -114,9 +121,16 @@ class Engine:
             [ChatMessage("system", self.settings.llm_instructions), ChatMessage("user", "Hi")],
             max_tokens=1,
             temperature=0.0,
+            # Tool schemas are part of the prompt a chat template renders.
+            tools=self.tools.specs if self.tools is not None else (),
         )
-        async for _ in stream:
-            pass
+        try:
+            async for _ in stream:
+                pass
+        except LlmError as exc:
+            # A remote endpoint that is down now may be up for the first call;
+            # until then each reply fails with an error event and an apology.
+            log.warning("llm warm-up failed", extra={"code": exc.code, "error": str(exc)})
 
     def session_config(self) -> SessionConfig:
         s = self.settings
