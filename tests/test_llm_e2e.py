@@ -29,6 +29,7 @@ from voice_agent.engine import Engine
 
 pytestmark = pytest.mark.e2e
 API = "chat-completions"
+APIS = ["chat-completions", "responses"]
 ORDER_TOOL = {
     "type": "function",
     "name": "get_order_status",
@@ -58,10 +59,11 @@ def typed(text: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("api", APIS)
 async def test_a_client_tool_call_is_answered_by_the_client_and_the_answer_spoken(
-    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession, api: str
 ) -> None:
-    llm = make_llm(API, peer.base_url)
+    llm = make_llm(api, peer.base_url)
     scripted = engine_with_llm(engine, llm, llm_prefill=False)
     async with conftest.run_server(conftest.test_settings(), scripted) as server:
         client = RealtimeClient(server.url)
@@ -71,8 +73,8 @@ async def test_a_client_tool_call_is_answered_by_the_client_and_the_answer_spoke
         assert updated["session"]["tools"] == [ORDER_TOOL]
 
         peer.add(
-            Script(call_events(API, ("call_7", "get_order_status", '{"order_id": "A17"}'))),
-            Script(text_events(API, "Your order A17 ", "has shipped.")),
+            Script(call_events(api, ("call_7", "get_order_status", '{"order_id": "A17"}'))),
+            Script(text_events(api, "Your order A17 ", "has shipped.")),
         )
         client.send(typed("Where is my order A17?"))
         client.send(
@@ -96,10 +98,17 @@ async def test_a_client_tool_call_is_answered_by_the_client_and_the_answer_spoke
         added = [e["item"]["type"] for e in client.of_type("response.output_item.added")]
         assert "function_call" in added
         request = peer.bodies()[0]
-        assert request["messages"][0] == {"role": "system", "content": "Use the tools."}
-        assert request["messages"][-1] == {"role": "user", "content": "Where is my order A17?"}
-        assert request["max_tokens"] == 33
-        assert request["tools"][0]["function"]["name"] == "get_order_status"
+        question = {"role": "user", "content": "Where is my order A17?"}
+        if api == "chat-completions":
+            assert request["messages"][0] == {"role": "system", "content": "Use the tools."}
+            assert request["messages"][-1] == question
+            assert request["max_tokens"] == 33
+            assert request["tools"][0]["function"]["name"] == "get_order_status"
+        else:
+            assert request["instructions"] == "Use the tools."
+            assert request["input"][-1] == question
+            assert request["max_output_tokens"] == 33
+            assert request["tools"][0]["name"] == "get_order_status"
 
         # The client runs the function and asks for the next reply.
         mark = len(client.events)
@@ -119,12 +128,23 @@ async def test_a_client_tool_call_is_answered_by_the_client_and_the_answer_spoke
         second = done["response"]
         assert second["status"] == "completed"
         assert second["output"][0]["content"][0]["transcript"] == "Your order A17 has shipped."
-        tool_message = peer.bodies()[1]["messages"][-1]
-        assert tool_message == {
-            "role": "tool",
-            "tool_call_id": "call_7",
-            "content": '{"status": "shipped"}',
-        }
+        # The call and then its result, in that order, reach the model.
+        if api == "chat-completions":
+            call, result = peer.bodies()[1]["messages"][-2:]
+            assert call["tool_calls"][0]["id"] == "call_7"
+            assert result == {
+                "role": "tool",
+                "tool_call_id": "call_7",
+                "content": '{"status": "shipped"}',
+            }
+        else:
+            call, result = peer.bodies()[1]["input"][-2:]
+            assert call["type"] == "function_call" and call["call_id"] == "call_7"
+            assert result == {
+                "type": "function_call_output",
+                "call_id": "call_7",
+                "output": '{"status": "shipped"}',
+            }
         # The answer was spoken: audible audio came back.
         first_sound = client.received.first_sound_after(asked_at)
         assert first_sound is not None

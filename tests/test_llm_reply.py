@@ -4,6 +4,7 @@ text, and the spoken apology when the LLM fails."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -227,3 +228,44 @@ async def test_an_llm_failure_after_some_text_just_ends_the_reply(
     assert [e.code for e in events if isinstance(e, SessionError)] == ["stream_interrupted"]
     assert spoken(events) == "The weather in Paris is,"
     assert APOLOGY not in spoken(events)
+
+
+async def test_cancelling_a_reply_hangs_up_on_the_llm(
+    engine: Engine, peer: ScriptedLlmServer
+) -> None:
+    """Barge-in or hang-up: the LLM server sees its client go away and can stop."""
+    assert engine.models is not None
+    api = "chat-completions"
+    peer.add(Script(text_events(api, "Once upon a time, ", "there was"), hang_after=2))
+    llm = make_llm(api, peer.base_url, read_timeout_s=30)
+    events: list[SessionEvent] = []
+    speaking = asyncio.Event()
+
+    def emit(event: SessionEvent) -> None:
+        events.append(event)
+        if isinstance(event, AssistantTextDelta):
+            speaking.set()
+
+    response = Response(
+        "resp_1",
+        "item_1",
+        [ChatMessage("user", "A story, please.")],
+        llm,
+        engine.models.tts,
+        Recorder(),
+        Conversation("", 4),
+        emit,
+        ReplySettings(60, 0.5),
+    )
+    try:
+        response.start()
+        response.commit()
+        await asyncio.wait_for(speaking.wait(), 10)  # the model is mid-reply
+        assert peer.disconnects == 0
+        response.cancel("turn_detected")
+        await response.wait_closed()
+        await asyncio.wait_for(peer.disconnected.wait(), 5)
+    finally:
+        await close_quietly(llm)
+    (finished,) = [e for e in events if isinstance(e, ResponseFinished)]
+    assert finished.status == "cancelled"

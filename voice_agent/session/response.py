@@ -365,6 +365,8 @@ class Response:
         written = 0
         while (piece := await self._queue.get()) is not None:
             if isinstance(piece, FunctionCallRequested):
+                # The client may answer at once: its result must follow the call.
+                self._record_exchange()
                 self.emit(piece)
                 continue
             if piece.text:
@@ -390,6 +392,11 @@ class Response:
             self.status = "completed"
             self._finish("completed", None)
 
+    def _record_exchange(self) -> None:
+        for message in self._exchange:
+            self.conversation.add(message)
+        self._exchange.clear()
+
     def _finish(
         self, status: Literal["completed", "cancelled", "failed"], reason: str | None
     ) -> None:
@@ -399,8 +406,7 @@ class Response:
         # still matches it on the next turn; a cut-off reply keeps only the
         # words the user heard.
         if status == "completed":
-            for message in self._exchange:
-                self.conversation.add(message)
+            self._record_exchange()
             self.conversation.add_assistant(self._final_text.strip())
         else:
             self.conversation.add_assistant(heard)
