@@ -115,6 +115,7 @@ async def test_a_second_response_create_while_one_is_active_is_refused(wire: Wir
         ({"type": "session.update", "session": {"tools": "get_time"}}, "invalid_value"),
         ({"type": "session.update", "session": {"tools": [{"type": "mcp"}]}}, "invalid_value"),
         ({"type": "session.update", "session": {"tools": [{"name": 5}]}}, "invalid_value"),
+        ({"type": "session.update", "session": {"tools": [{"name": "a b"}]}}, "invalid_value"),
         ({"type": "session.update", "session": {"tool_choice": "sometimes"}}, "invalid_value"),
         ({"type": "session.update", "session": {"max_output_tokens": 0}}, "invalid_value"),
         ({"type": "conversation.item.create"}, "invalid_value"),

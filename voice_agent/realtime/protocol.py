@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,8 @@ _CANCEL_REASONS = {
 }
 MAX_CLIENT_EVENT_BYTES = 256 * 1024
 MAX_TOOLS = 128
+# What OpenAI accepts as a function name; other servers are no more lenient.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class ClientEventError(Exception):
@@ -629,8 +632,12 @@ def _parse_tools(value: Any) -> list[ToolSpec]:
             raise ClientEventError("invalid_value", "only function tools are supported", param)
         name, description = tool.get("name"), tool.get("description", "")
         parameters = tool.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(name, str) or not name:
-            raise ClientEventError("invalid_value", "a tool needs a name", param + ".name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise ClientEventError(
+                "invalid_value",
+                "a tool needs a name of 1-64 letters, digits, _ or -",
+                param + ".name",
+            )
         if not isinstance(description, str) or not isinstance(parameters, dict):
             raise ClientEventError(
                 "invalid_type", "description must be a string, parameters an object", param
