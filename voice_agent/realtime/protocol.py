@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
 
-from voice_agent.backends.base import ToolSpec
+from voice_agent.realtime import tool_items
+from voice_agent.realtime.errors import ClientEventError as ClientEventError  # re-exported
 from voice_agent.session.events import (
     AssistantAudioCleared,
     AssistantAudioStarted,
@@ -44,16 +44,6 @@ _CANCEL_REASONS = {
     "session_closed": "client_cancelled",
 }
 MAX_CLIENT_EVENT_BYTES = 256 * 1024
-MAX_TOOLS = 128
-# What OpenAI accepts as a function name; other servers are no more lenient.
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-class ClientEventError(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.param = param
 
 
 class RealtimeProtocol:
@@ -282,54 +272,13 @@ class RealtimeProtocol:
             return [self._error("server_error", event.code, event.message)]
         raise AssertionError(f"unhandled session event {event!r}")
 
-    def _function_call_item(self, event: FunctionCallRequested, status: str) -> JsonDict:
-        return {
-            "id": event.item_id,
-            "object": "realtime.item",
-            "type": "function_call",
-            "status": status,
-            "call_id": event.call_id,
-            "name": event.name,
-            "arguments": event.arguments if status == "completed" else "",
-        }
-
     def _function_call(self, event: FunctionCallRequested) -> list[JsonDict]:
         calls = self._calls.setdefault(event.response_id, [])
-        output_index = 1 + len(calls)  # after the (spoken) message item
-        done_item = self._function_call_item(event, "completed")
-        calls.append(done_item)
+        calls.append(tool_items.function_call_item(event, "completed"))
         previous = self._place_item(event.item_id)
         self._previous.pop(event.item_id, None)
-        added_item = self._function_call_item(event, "in_progress")
-        ref = {
-            "response_id": event.response_id,
-            "item_id": event.item_id,
-            "output_index": output_index,
-            "call_id": event.call_id,
-        }
-        return [
-            {
-                "type": "response.output_item.added",
-                "response_id": event.response_id,
-                "output_index": output_index,
-                "item": added_item,
-            },
-            {"type": "conversation.item.added", "previous_item_id": previous, "item": added_item},
-            {"type": "response.function_call_arguments.delta", **ref, "delta": event.arguments},
-            {
-                "type": "response.function_call_arguments.done",
-                **ref,
-                "name": event.name,
-                "arguments": event.arguments,
-            },
-            {
-                "type": "response.output_item.done",
-                "response_id": event.response_id,
-                "output_index": output_index,
-                "item": done_item,
-            },
-            {"type": "conversation.item.done", "previous_item_id": previous, "item": done_item},
-        ]
+        # After the response's (spoken) message item, which is output 0.
+        return tool_items.function_call_events(event, len(calls), previous)
 
     def _response_finished(self, event: ResponseFinished) -> list[JsonDict]:
         self._transcripts.pop(event.response_id, None)
@@ -491,14 +440,16 @@ class RealtimeProtocol:
                     "session.audio.input.turn_detection.silence_duration_ms",
                 )
             silence_ms = value
-        tools = _parse_tools(session["tools"]) if "tools" in session else None
+        tools = tool_items.parse_tools(session["tools"]) if "tools" in session else None
         tool_choice = (
-            _parse_tool_choice(session["tool_choice"], "session.tool_choice")
+            tool_items.parse_tool_choice(session["tool_choice"], "session.tool_choice")
             if "tool_choice" in session
             else None
         )
         max_tokens = (
-            self._max_tokens(session["max_output_tokens"], "session.max_output_tokens")
+            tool_items.parse_max_tokens(
+                session["max_output_tokens"], "session.max_output_tokens", self.max_output_tokens
+            )
             if "max_output_tokens" in session
             else None
         )
@@ -510,85 +461,19 @@ class RealtimeProtocol:
             max_output_tokens=max_tokens,
         )
         if tools is not None:
-            self._tools_json = [
-                {
-                    "type": "function",
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                }
-                for t in tools
-            ]
-
-    def _max_tokens(self, value: Any, param: str) -> int:
-        if value == "inf":
-            return self.max_output_tokens
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
-            raise ClientEventError(
-                "invalid_value",
-                "max_output_tokens must be an integer from 1 to 4096 or 'inf'",
-                param,
-            )
-        return value
+            self._tools_json = tool_items.tools_json(tools)
 
     def _item_create(self, event: JsonDict) -> None:
         """A typed user message or a function call's result joins the conversation."""
-        item = event.get("item")
-        if not isinstance(item, dict):
-            raise ClientEventError("invalid_value", "'item' must be an object", "item")
-        item_type = item.get("type")
-        raw_id = item.get("id")
-        item_id = raw_id if isinstance(raw_id, str) and raw_id else new_id("item")
-        if item_type == "function_call_output":
-            call_id, output = item.get("call_id"), item.get("output")
-            if not isinstance(call_id, str) or not call_id:
-                raise ClientEventError("invalid_value", "call_id must be a string", "item.call_id")
-            if not isinstance(output, str):
-                raise ClientEventError("invalid_type", "output must be a string", "item.output")
-            self.session.add_function_output(call_id, output)
-            stored: JsonDict = {
-                "id": item_id,
-                "object": "realtime.item",
-                "type": "function_call_output",
-                "status": "completed",
-                "call_id": call_id,
-                "output": output,
-            }
-        elif item_type == "message" and item.get("role") == "user":
-            content = item.get("content")
-            texts = [
-                part.get("text")
-                for part in content or []
-                if isinstance(part, dict) and part.get("type") == "input_text"
-            ]
-            if not isinstance(content, list) or not texts:
-                raise ClientEventError(
-                    "invalid_value",
-                    "a user message needs content parts of type input_text",
-                    "item.content",
-                )
-            if not all(isinstance(t, str) for t in texts):
-                raise ClientEventError("invalid_type", "text must be a string", "item.content")
-            text = " ".join(t for t in texts if isinstance(t, str)).strip()
-            self.session.add_user_text(text)
-            stored = {
-                "id": item_id,
-                "object": "realtime.item",
-                "type": "message",
-                "status": "completed",
-                "role": "user",
-                "content": [{"type": "input_text", "text": text}],
-            }
+        item = tool_items.parse_item(event.get("item"), new_id("item"))
+        if isinstance(item, tool_items.FunctionOutput):
+            self.session.add_function_output(item.call_id, item.output)
         else:
-            raise ClientEventError(
-                "invalid_value",
-                "supported items: function_call_output, or a user message of input_text",
-                "item.type",
-            )
-        previous = self._place_item(item_id)
-        self._previous.pop(item_id, None)
-        self.send({"type": "conversation.item.added", "previous_item_id": previous, "item": stored})
-        self.send({"type": "conversation.item.done", "previous_item_id": previous, "item": stored})
+            self.session.add_user_text(item.text)
+        previous = self._place_item(item.item_id)
+        self._previous.pop(item.item_id, None)
+        for kind in ("conversation.item.added", "conversation.item.done"):
+            self.send({"type": kind, "previous_item_id": previous, "item": item.json()})
 
     def _response_create(self, event: JsonDict) -> None:
         options = event.get("response") or {}
@@ -600,7 +485,9 @@ class RealtimeProtocol:
                 "invalid_type", "instructions must be a string", "response.instructions"
             )
         max_tokens = (
-            self._max_tokens(options["max_output_tokens"], "response.max_output_tokens")
+            tool_items.parse_max_tokens(
+                options["max_output_tokens"], "response.max_output_tokens", self.max_output_tokens
+            )
             if "max_output_tokens" in options
             else None
         )
@@ -618,43 +505,3 @@ class RealtimeProtocol:
 
     def _output_clear(self, event: JsonDict) -> None:
         self.session.clear_output()
-
-
-def _parse_tools(value: Any) -> list[ToolSpec]:
-    if not isinstance(value, list) or len(value) > MAX_TOOLS:
-        raise ClientEventError(
-            "invalid_value", f"tools must be a list of at most {MAX_TOOLS}", "session.tools"
-        )
-    tools: list[ToolSpec] = []
-    for index, tool in enumerate(value):
-        param = f"session.tools[{index}]"
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise ClientEventError("invalid_value", "only function tools are supported", param)
-        name, description = tool.get("name"), tool.get("description", "")
-        parameters = tool.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
-            raise ClientEventError(
-                "invalid_value",
-                "a tool needs a name of 1-64 letters, digits, _ or -",
-                param + ".name",
-            )
-        if not isinstance(description, str) or not isinstance(parameters, dict):
-            raise ClientEventError(
-                "invalid_type", "description must be a string, parameters an object", param
-            )
-        tools.append(ToolSpec(name, description, parameters))
-    return tools
-
-
-def _parse_tool_choice(value: Any, param: str) -> str | dict[str, str]:
-    if value in ("auto", "none", "required"):
-        return str(value)
-    if isinstance(value, dict) and value.get("type") == "function":
-        name = value.get("name")
-        if isinstance(name, str) and name:
-            return {"type": "function", "name": name}
-    raise ClientEventError(
-        "invalid_value",
-        "tool_choice must be auto, none, required or {type: function, name}",
-        param,
-    )
