@@ -77,6 +77,11 @@ class Engine:
                 "the embedded llama.cpp server has no /v1/responses: use "
                 "--llm-backend chat-completions, or point --llm-base-url at a server that has it"
             )
+        if base_url is not None and s.llm_model is None:
+            log.warning(
+                "no --llm-model given: the endpoint may refuse the default model name",
+                extra={"model": self.model_name},
+            )
         if base_url is not None and api_key is None:
             # The variables OpenAI's and Hugging Face's own clients read.
             api_key = os.environ.get("OPENAI_API_KEY") or os.environ.get("HF_TOKEN")
