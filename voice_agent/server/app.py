@@ -22,6 +22,7 @@ from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.calls import CallRegistry
+from voice_agent.server.sdk import add_sdk_routes
 from voice_agent.session.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,7 @@ def build_app(settings: Settings, engine: Engine) -> web.Application:
     app.router.add_get("/", index)
     if WEB_DIR.is_dir():
         app.router.add_static("/web/", WEB_DIR, show_index=False)
+        add_sdk_routes(app, WEB_DIR)
 
     async def on_shutdown(app: web.Application) -> None:
         app[SHUTTING_DOWN].set()  # no new calls while the live ones are closed
