@@ -17,7 +17,7 @@ import numpy as np
 import soxr
 from playwright.async_api import Browser, Playwright
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 FAKE_CAPTURE_RATE = 48_000
 
 BASE_ARGS = [

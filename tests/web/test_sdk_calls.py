@@ -1,0 +1,265 @@
+"""The SDK against the real service from real Chromium: serving and CORS, a
+page on another origin making a call, session updates, reconnection, and
+every way connecting can fail, each with a readable error and nothing left
+behind."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from playwright.async_api import Browser, Page, Playwright
+
+from tests.conftest import ServerFactory
+from tests.web.browser import chromium
+from tests.web.conftest import SiteFactory
+from voice_agent.client import RealtimeClient
+
+pytestmark = pytest.mark.e2e
+
+# Keeps every microphone stream the page opens, to check they are stopped.
+TRACK_STREAMS = """
+(() => {
+  window.__streams = [];
+  const open = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+  navigator.mediaDevices.getUserMedia = async (constraints) => {
+    const stream = await open(constraints);
+    window.__streams.push(stream);
+    return stream;
+  };
+})();
+"""
+LIVE_TRACKS = "window.__streams.flatMap((s) => s.getTracks()).filter((t) => t.readyState === 'live').length"
+
+# Connects with the SDK and reports the outcome without throwing.
+CONNECT = """
+async ([sdkUrl, options]) => {
+  const sdk = await import(sdkUrl);
+  const agent = window.agent = new sdk.VoiceAgent(options);
+  window.seen = [];
+  for (const type of ['state', 'error', 'reconnecting']) {
+    agent.on(type, (e) => window.seen.push([type, e.state ?? e.code ?? e.attempt]));
+  }
+  try {
+    await agent.connect();
+    return { ok: true, state: agent.state };
+  } catch (e) {
+    return { ok: false, name: e.name, code: e.code, message: e.message,
+             retryAfter: e.retryAfter ?? null, status: e.status ?? null, state: agent.state,
+             pc: agent.pc };
+  }
+}
+"""
+
+
+@pytest_asyncio.fixture
+async def browser(playwright: Playwright) -> AsyncIterator[Browser]:
+    async with chromium(playwright) as launched:
+        yield launched
+
+
+async def new_page(browser: Browser, url: str) -> Page:
+    page = await browser.new_page()
+    await page.add_init_script(TRACK_STREAMS)
+    await page.goto(url)
+    return page
+
+
+async def test_the_sdk_is_served_as_a_module_with_cors(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(cors_origins=["https://app.example"])
+    origin = {"Origin": "https://app.example"}
+    async with http.get(server.url + "/sdk/voice-agent.js", headers=origin) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/javascript; charset=utf-8"
+        assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert "export async function connect" in await response.text()
+    async with http.get(server.url + "/sdk/voice-agent.d.ts") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("application/typescript")
+        assert "export declare function connect" in await response.text()
+    async with http.get(
+        server.url + "/sdk/voice-agent.js", headers={"Origin": "https://evil.example"}
+    ) as response:
+        assert "Access-Control-Allow-Origin" not in response.headers
+    preflight = {
+        **origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    async with http.options(server.url + "/v1/realtime/calls", headers=preflight) as response:
+        assert response.status == 204
+        assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
+
+
+async def test_a_page_on_another_origin_calls_and_hangs_up(
+    browser: Browser, server_factory: ServerFactory, site_factory: SiteFactory
+) -> None:
+    site = await site_factory("<!doctype html><title>customer app</title>")
+    server = await server_factory(cors_origins=[site])
+    page = await new_page(browser, site + "/")
+    sdk = server.url + "/sdk/voice-agent.js"
+    result = await page.evaluate(CONNECT, [sdk, {"url": server.url, "token": "sk-test"}])
+    assert result == {"ok": True, "state": "listening"}
+    assert len(server.calls) == 1
+    assert await page.evaluate("window.seen") == [["state", "connecting"], ["state", "listening"]]
+
+    # Session updates round-trip through the server.
+    session = await page.evaluate(
+        """() => window.agent.updateSession({ instructions: 'Answer in French.',
+             turnDetection: { silenceDurationMs: 800 } })"""
+    )
+    assert session["instructions"] == "Answer in French."
+    assert session["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 800
+    refused = await page.evaluate(
+        """() => window.agent.updateSession({ turnDetection: { silenceDurationMs: 5 } })
+             .then(() => 'accepted', (e) => e.code)"""
+    )
+    assert refused == "invalid_value"
+    levels = await page.evaluate("window.agent.getLevels()")
+    assert set(levels) == {"input", "output"}
+
+    # Muting stops sending sound but keeps the track.
+    await page.evaluate("window.agent.mute()")
+    assert await page.evaluate("window.agent.microphone.getAudioTracks()[0].enabled") is False
+    await page.evaluate("window.agent.unmute()")
+    assert await page.evaluate("window.agent.microphone.getAudioTracks()[0].enabled") is True
+
+    # Hanging up releases the microphone, the peer and the server's call.
+    await page.evaluate("window.pc = window.agent.pc; window.agent.disconnect()")
+    assert await page.evaluate(LIVE_TRACKS) == 0
+    assert await page.evaluate("window.pc.connectionState") == "closed"
+    assert await page.evaluate("window.agent.state") == "disconnected"
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_an_origin_off_the_allow_list_cannot_load_the_sdk(
+    browser: Browser, server_factory: ServerFactory, site_factory: SiteFactory
+) -> None:
+    allowed = await site_factory("<!doctype html><title>allowed</title>")
+    other = await site_factory("<!doctype html><title>other</title>")
+    server = await server_factory(cors_origins=[allowed])
+    page = await new_page(browser, other + "/")
+    outcome = await page.evaluate(
+        "(url) => import(url).then(() => 'loaded', (e) => e.name)", server.url + "/sdk/voice-agent.js"
+    )
+    assert outcome == "TypeError"
+    assert len(server.calls) == 0
+
+
+async def test_a_denied_microphone_is_a_clear_error(
+    playwright: Playwright, server_factory: ServerFactory
+) -> None:
+    server = await server_factory()
+    # No fake UI: the permission prompt is answered by the context, which grants nothing.
+    async with chromium(playwright, fake_ui=False) as browser:
+        context = await browser.new_context(permissions=[])
+        page = await context.new_page()
+        await page.goto(server.url + "/")
+        await page.click("#connect")
+        error = page.locator("#error")
+        await error.wait_for(state="visible", timeout=10_000)
+        assert await error.get_attribute("data-code") == "microphone_denied"
+        assert "Microphone access was denied" in (await error.text_content() or "")
+        assert await page.text_content("#status") == "disconnected"
+        assert await page.text_content("#connect") == "Connect"
+    assert len(server.calls) == 0
+
+
+async def test_a_full_server_is_a_clear_error_with_retry_after(
+    browser: Browser, server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(max_calls=1)
+    holder = RealtimeClient(server.url)
+    await holder.connect(http)
+    page = await new_page(browser, server.url + "/")
+    result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {}])
+    assert result["ok"] is False
+    assert result["code"] == "server_full" and result["status"] == 503
+    assert result["retryAfter"] == 5
+    assert "The server is full" in result["message"] and "5 s" in result["message"]
+    assert result["state"] == "disconnected" and result["pc"] is None
+    assert await page.evaluate(LIVE_TRACKS) == 0
+
+    # The demo page shows it readably.
+    await page.click("#connect")
+    error = page.locator("#error")
+    await error.wait_for(state="visible", timeout=10_000)
+    assert await error.get_attribute("data-code") == "server_full"
+    assert len(server.calls) == 1
+    await holder.hangup(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_a_full_server_is_retried_when_reconnect_is_on(
+    browser: Browser, server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(max_calls=1)
+    holder = RealtimeClient(server.url)
+    await holder.connect(http)
+    page = await new_page(browser, server.url + "/")
+    attempt = asyncio.ensure_future(
+        page.evaluate(CONNECT, ["/sdk/voice-agent.js", {"reconnect": {"attempts": 3}}])
+    )
+    await page.wait_for_function(
+        "window.seen?.some(([type]) => type === 'reconnecting')", timeout=10_000
+    )
+    await holder.hangup(http)  # a slot frees up before the Retry-After pause ends
+    result: dict[str, Any] = await asyncio.wait_for(attempt, 30)
+    assert result == {"ok": True, "state": "listening"}
+    await page.evaluate("window.agent.disconnect()")
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def test_an_unreachable_server_is_a_clear_error(
+    browser: Browser, server_factory: ServerFactory
+) -> None:
+    server = await server_factory()  # serves the SDK; the call goes elsewhere
+    page = await new_page(browser, server.url + "/")
+    nowhere = f"http://127.0.0.1:{closed_port()}"
+    result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {"url": nowhere}])
+    assert result["ok"] is False and result["code"] == "server_unreachable"
+    assert nowhere in result["message"]
+    assert result["state"] == "disconnected" and result["pc"] is None
+    assert await page.evaluate(LIVE_TRACKS) == 0
+    assert await page.evaluate("window.seen") == [
+        ["state", "connecting"],
+        ["error", "server_unreachable"],
+        ["state", "disconnected"],
+    ]
+
+
+async def test_a_call_dropped_by_the_server_reconnects(
+    browser: Browser, server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    page = await new_page(browser, server.url + "/")
+    result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {"reconnect": True}])
+    assert result["ok"] is True
+    (first,) = server.calls.calls()
+    await first.close("server_restart")
+    await page.wait_for_function(
+        "window.seen.filter(([t, s]) => t === 'state' && s === 'listening').length === 2",
+        timeout=30_000,
+    )
+    (second,) = server.calls.calls()
+    assert second.id != first.id
+    seen = await page.evaluate("window.seen")
+    assert ["error", "call_ended"] in seen and ["reconnecting", 1] in seen
+    assert await page.evaluate(LIVE_TRACKS) == 1  # the old microphone was released
+    await page.evaluate("window.agent.disconnect()")
+    assert await page.evaluate(LIVE_TRACKS) == 0
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
