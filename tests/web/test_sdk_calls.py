@@ -34,7 +34,9 @@ TRACK_STREAMS = """
   };
 })();
 """
-LIVE_TRACKS = "window.__streams.flatMap((s) => s.getTracks()).filter((t) => t.readyState === 'live').length"
+LIVE_TRACKS = (
+    "window.__streams.flatMap((s) => s.getTracks()).filter((t) => t.readyState === 'live').length"
+)
 
 # Connects with the SDK and reports the outcome without throwing.
 CONNECT = """
@@ -147,7 +149,8 @@ async def test_an_origin_off_the_allow_list_cannot_load_the_sdk(
     server = await server_factory(cors_origins=[allowed])
     page = await new_page(browser, other + "/")
     outcome = await page.evaluate(
-        "(url) => import(url).then(() => 'loaded', (e) => e.name)", server.url + "/sdk/voice-agent.js"
+        "(url) => import(url).then(() => 'loaded', (e) => e.name)",
+        server.url + "/sdk/voice-agent.js",
     )
     assert outcome == "TypeError"
     assert len(server.calls) == 0

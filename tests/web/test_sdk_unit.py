@@ -28,26 +28,85 @@ async def sdk_page(playwright: Playwright, server_factory: ServerFactory) -> Asy
 # at which each event arrives.
 TURN: list[tuple[int, dict[str, Any]]] = [
     (0, {"type": "session.created", "session": {"instructions": "be brief"}}),
-    (1000, {"type": "input_audio_buffer.speech_started", "item_id": "item_u", "audio_start_ms": 900}),
-    (1200, {"type": "conversation.item.input_audio_transcription.delta", "item_id": "item_u",
-            "content_index": 0, "delta": "what is"}),
-    (1400, {"type": "conversation.item.input_audio_transcription.delta", "item_id": "item_u",
-            "content_index": 0, "delta": " the time"}),
-    (2000, {"type": "input_audio_buffer.speech_stopped", "item_id": "item_u", "audio_end_ms": 1900}),
-    (2100, {"type": "conversation.item.input_audio_transcription.completed", "item_id": "item_u",
-            "content_index": 0, "transcript": " What is the time? "}),
+    (
+        1000,
+        {"type": "input_audio_buffer.speech_started", "item_id": "item_u", "audio_start_ms": 900},
+    ),
+    (
+        1200,
+        {
+            "type": "conversation.item.input_audio_transcription.delta",
+            "item_id": "item_u",
+            "content_index": 0,
+            "delta": "what is",
+        },
+    ),
+    (
+        1400,
+        {
+            "type": "conversation.item.input_audio_transcription.delta",
+            "item_id": "item_u",
+            "content_index": 0,
+            "delta": " the time",
+        },
+    ),
+    (
+        2000,
+        {"type": "input_audio_buffer.speech_stopped", "item_id": "item_u", "audio_end_ms": 1900},
+    ),
+    (
+        2100,
+        {
+            "type": "conversation.item.input_audio_transcription.completed",
+            "item_id": "item_u",
+            "content_index": 0,
+            "transcript": " What is the time? ",
+        },
+    ),
     (2150, {"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}}),
-    (2300, {"type": "response.output_audio_transcript.delta", "response_id": "resp_1",
-            "item_id": "item_a", "delta": "It is"}),
+    (
+        2300,
+        {
+            "type": "response.output_audio_transcript.delta",
+            "response_id": "resp_1",
+            "item_id": "item_a",
+            "delta": "It is",
+        },
+    ),
     (2450, {"type": "output_audio_buffer.started", "response_id": "resp_1"}),
-    (2500, {"type": "response.output_audio_transcript.delta", "response_id": "resp_1",
-            "item_id": "item_a", "delta": " noon."}),
-    (2600, {"type": "response.done", "response": {
-        "id": "resp_1", "status": "completed", "status_details": None,
-        "output": [{"id": "item_a", "content": [{"type": "output_audio",
-                                                 "transcript": "It is noon."}]}],
-        "metadata": {"voice_to_voice_ms": "612.5", "stt_ms": "120.0", "llm_ttft_ms": "200.1",
-                     "tts_first_audio_ms": "90.0", "speculative": "false"}}}),
+    (
+        2500,
+        {
+            "type": "response.output_audio_transcript.delta",
+            "response_id": "resp_1",
+            "item_id": "item_a",
+            "delta": " noon.",
+        },
+    ),
+    (
+        2600,
+        {
+            "type": "response.done",
+            "response": {
+                "id": "resp_1",
+                "status": "completed",
+                "status_details": None,
+                "output": [
+                    {
+                        "id": "item_a",
+                        "content": [{"type": "output_audio", "transcript": "It is noon."}],
+                    }
+                ],
+                "metadata": {
+                    "voice_to_voice_ms": "612.5",
+                    "stt_ms": "120.0",
+                    "llm_ttft_ms": "200.1",
+                    "tts_first_audio_ms": "90.0",
+                    "speculative": "false",
+                },
+            },
+        },
+    ),
     (4000, {"type": "output_audio_buffer.stopped", "response_id": "resp_1"}),
 ]
 
@@ -105,21 +164,41 @@ async def test_a_voice_turn_becomes_typed_events_and_states(sdk_page: Page) -> N
 async def test_barge_in_returns_to_listening_and_keeps_what_was_heard(sdk_page: Page) -> None:
     steps = [
         *TURN[:9],  # the assistant has started speaking
-        (2700, {"type": "input_audio_buffer.speech_started", "item_id": "item_u2",
-                "audio_start_ms": 2600}),
+        (
+            2700,
+            {
+                "type": "input_audio_buffer.speech_started",
+                "item_id": "item_u2",
+                "audio_start_ms": 2600,
+            },
+        ),
         (2750, {"type": "output_audio_buffer.cleared", "response_id": "resp_1"}),
-        (2760, {"type": "response.done", "response": {
-            "id": "resp_1", "status": "cancelled",
-            "status_details": {"type": "cancelled", "reason": "turn_detected"},
-            "output": [{"id": "item_a", "content": [{"transcript": "It"}]}], "metadata": None}}),
+        (
+            2760,
+            {
+                "type": "response.done",
+                "response": {
+                    "id": "resp_1",
+                    "status": "cancelled",
+                    "status_details": {"type": "cancelled", "reason": "turn_detected"},
+                    "output": [{"id": "item_a", "content": [{"transcript": "It"}]}],
+                    "metadata": None,
+                },
+            },
+        ),
     ]
     out, state = await feed(sdk_page, steps)
     states = [d["state"] for t, d in out if t == "state"]
     assert states == ["listening", "thinking", "speaking", "listening"]
     assert state == "listening"
     (done,) = [d for t, d in out if t == "assistantdone"]
-    assert done == {"responseId": "resp_1", "itemId": "item_a", "text": "It",
-                    "status": "cancelled", "reason": "turn_detected"}
+    assert done == {
+        "responseId": "resp_1",
+        "itemId": "item_a",
+        "text": "It",
+        "status": "cancelled",
+        "reason": "turn_detected",
+    }
     # No server spans, but the client still measured when the audio started.
     (latency,) = [d for t, d in out if t == "latency"]
     assert latency["clientMs"] == 450 and latency.get("server") is None
@@ -129,22 +208,38 @@ async def test_noise_without_words_hands_the_floor_back(sdk_page: Page) -> None:
     steps = [
         (0, {"type": "input_audio_buffer.speech_started", "item_id": "item_n"}),
         (500, {"type": "input_audio_buffer.speech_stopped", "item_id": "item_n"}),
-        (600, {"type": "conversation.item.input_audio_transcription.completed",
-               "item_id": "item_n", "transcript": "  "}),
+        (
+            600,
+            {
+                "type": "conversation.item.input_audio_transcription.completed",
+                "item_id": "item_n",
+                "transcript": "  ",
+            },
+        ),
     ]
     out, state = await feed(sdk_page, steps, "listening")
     assert [d["state"] for t, d in out if t == "state"] == ["thinking", "listening"]
+    assert state == "listening"
     assert ("usertranscript", {"itemId": "item_n", "text": ""}) in out
 
 
 async def test_a_reply_without_audio_and_a_failed_reply(sdk_page: Page) -> None:
-    steps = [
+    steps: list[tuple[int, dict[str, Any]]] = [
         (0, {"type": "input_audio_buffer.speech_stopped", "item_id": "item_u"}),
         (10, {"type": "response.created", "response": {"id": "resp_f"}}),
-        (20, {"type": "response.done", "response": {
-            "id": "resp_f", "status": "failed",
-            "status_details": {"type": "failed", "error": {"code": "llm_error"}},
-            "output": [], "metadata": None}}),
+        (
+            20,
+            {
+                "type": "response.done",
+                "response": {
+                    "id": "resp_f",
+                    "status": "failed",
+                    "status_details": {"type": "failed", "error": {"code": "llm_error"}},
+                    "output": [],
+                    "metadata": None,
+                },
+            },
+        ),
     ]
     out, state = await feed(sdk_page, steps, "listening")
     assert state == "listening"
@@ -155,9 +250,15 @@ async def test_a_reply_without_audio_and_a_failed_reply(sdk_page: Page) -> None:
 
 
 async def test_server_error_events_become_errors(sdk_page: Page) -> None:
-    event = {"type": "error", "error": {"type": "invalid_request_error",
-                                        "code": "unknown_event", "message": "nope",
-                                        "event_id": "e1"}}
+    event = {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "code": "unknown_event",
+            "message": "nope",
+            "event_id": "e1",
+        },
+    }
     out, state = await feed(sdk_page, [(0, event)], "listening")
     assert out == [("error", {"code": "unknown_event", "message": "nope", "fatal": False})]
     assert state == "listening"
