@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, Playwright
+from playwright.async_api import Browser, Page, Playwright, Route
 
 from tests.conftest import ServerFactory
 from tests.web.browser import chromium
@@ -266,3 +266,30 @@ async def test_a_call_dropped_by_the_server_reconnects(
     await page.evaluate("window.agent.disconnect()")
     assert await page.evaluate(LIVE_TRACKS) == 0
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_an_ice_failure_is_reported_and_released(
+    browser: Browser, server_factory: ServerFactory
+) -> None:
+    server = await server_factory()
+    page = await new_page(browser, server.url + "/")
+
+    def without_candidates(sdp: str) -> str:
+        return "".join(
+            line for line in sdp.splitlines(keepends=True) if not line.startswith("a=candidate")
+        )
+
+    async def unreachable_candidates(route: Route) -> None:
+        # The real server, reached with every ICE candidate taken out of the
+        # offer and the answer: signaling succeeds, no media path exists.
+        offer = without_candidates(route.request.post_data or "")
+        response = await route.fetch(post_data=offer)
+        await route.fulfill(response=response, body=without_candidates(await response.text()))
+
+    await page.route("**/v1/realtime/calls", unreachable_candidates)
+    result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {"connectTimeoutMs": 3000}])
+    assert result["ok"] is False and result["code"] == "ice_failed", result
+    assert result["state"] == "disconnected" and result["pc"] is None
+    assert await page.evaluate(LIVE_TRACKS) == 0
+    # The SDK hung up the half-made call rather than leaving it to time out.
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)
