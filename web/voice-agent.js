@@ -208,9 +208,8 @@ export class EventTracker {
         if (this.speakingResponseId === e.response_id || !e.response_id) {
           this.speakingResponseId = null;
         }
-        if (this.state === 'speaking' && !this.speakingResponseId) {
-          setState(this.userSpeaking ? 'listening' : this.activeResponseId ? 'thinking' : 'listening');
-        }
+        // The reply's audio has ended (it comes before its response.done).
+        if (this.state === 'speaking' && !this.speakingResponseId) setState('listening');
         break;
       case 'response.done':
         out.push(...this.responseDone(e.response ?? {}, setState));

@@ -19,7 +19,7 @@ async def sdk_page(playwright: Playwright, server_factory: ServerFactory) -> Asy
     server = await server_factory()
     async with chromium(playwright) as browser:
         page = await browser.new_page()
-        await page.goto(server.url + "/healthz")
+        await page.goto(server.url + "/")
         await page.evaluate("async () => { window.sdk = await import('/sdk/voice-agent.js'); }")
         yield page
 
@@ -83,8 +83,10 @@ TURN: list[tuple[int, dict[str, Any]]] = [
             "delta": " noon.",
         },
     ),
+    (4000, {"type": "output_audio_buffer.stopped", "response_id": "resp_1"}),
+    # Sent once the reply has been played, so after its audio stopped.
     (
-        2600,
+        4010,
         {
             "type": "response.done",
             "response": {
@@ -107,7 +109,6 @@ TURN: list[tuple[int, dict[str, Any]]] = [
             },
         },
     ),
-    (4000, {"type": "output_audio_buffer.stopped", "response_id": "resp_1"}),
 ]
 
 FEED = """
@@ -157,6 +158,8 @@ async def test_a_voice_turn_becomes_typed_events_and_states(sdk_page: Page) -> N
     assert latency["clientMs"] == 450
 
     kinds = [t for t, _ in out]
+    back_to_listening = max(i for i, (t, d) in enumerate(out) if t == "state")
+    assert back_to_listening < kinds.index("assistantdone")
     assert kinds.index("speechstart") < kinds.index("speechstop") < kinds.index("usertranscript")
     assert kinds.index("assistantdone") < kinds.index("latency")
 
