@@ -537,6 +537,7 @@ export class VoiceAgent {
 
   /** An established call was lost: report it, release everything, maybe reconnect. */
   lost(error) {
+    if (error.code === 'call_ended') this.callUrl = null; // already gone on the server
     this.emit('error', error);
     this.release();
     this.setState('disconnected');
@@ -602,7 +603,7 @@ export class VoiceAgent {
   }
 
   release() {
-    const pc = this.pc;
+    const { pc, channel } = this;
     this.pc = null;
     this.channel = null;
     for (const waiter of this.pending.values()) waiter.reject(new VoiceAgentError('not_connected', 'Disconnected.'));
@@ -613,13 +614,19 @@ export class VoiceAgent {
     this.remoteStream = null;
     if (pc) {
       pc.ontrack = pc.onconnectionstatechange = null;
-      pc.close();
+      if (channel) channel.onmessage = channel.onclose = null;
     }
     if (this.callUrl) {
-      // Tell the server at once rather than waiting for it to notice.
+      // Hang up with DELETE first: closing the peer first would end the call
+      // on the server already, and the DELETE would then be a (logged) 404.
+      // The microphone is stopped above, so nothing more is sent meanwhile.
       const headers = this.options.token ? { Authorization: `Bearer ${this.options.token}` } : {};
-      fetch(this.callUrl, { method: 'DELETE', headers, keepalive: true }).catch(() => {});
+      const close = () => pc?.close();
+      fetch(this.callUrl, { method: 'DELETE', headers, keepalive: true }).then(close, close);
+      setTimeout(close, 1000); // a server that is slow to answer does not keep the peer open
       this.callUrl = null;
+    } else {
+      pc?.close();
     }
   }
 

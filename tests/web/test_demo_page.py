@@ -46,7 +46,8 @@ async def test_the_demo_page_answers_a_spoken_question(
     playwright: Playwright, server_factory: ServerFactory, tmp_path: Path
 ) -> None:
     server = await server_factory()
-    samples = np.concatenate((silence(1.0), librivox(QUESTION), silence(60.0)))
+    # Lead-in silence: the call is up before the question starts.
+    samples = np.concatenate((silence(3.0), librivox(QUESTION), silence(60.0)))
     wav = write_capture_wav(tmp_path / "question.wav", samples, RATE)
     ARTIFACTS.mkdir(exist_ok=True)
     async with chromium(playwright, capture_wav=wav) as browser:
@@ -84,6 +85,19 @@ async def test_the_demo_page_answers_a_spoken_question(
         states = [e["type"] for e in await page.evaluate("window.voiceAgent.events")]
         assert "output_audio_buffer.started" in states
         assert await page.is_hidden("#error"), await page.text_content("#error")
+        # The microphone picker lists the (fake) devices once access was granted.
+        assert await page.locator("#microphone option").count() >= 2
+
+        # Settings go to the server; the single embedded voice is kept, and the page says so.
+        await page.click("#settings summary")
+        await page.fill("#instructions", "Answer like a pirate.")
+        await page.fill("#voice", "alloy")
+        await page.click("#apply")
+        note = page.locator("#settings-note")
+        await page.wait_for_function("document.querySelector('#settings-note').textContent")
+        assert 'voice "joe"' in (await note.text_content() or "")
+        (call,) = server.calls.calls()
+        assert call.session.conversation.instructions == "Answer like a pirate."
         await page.screenshot(path=str(ARTIFACTS / "demo-desktop.png"), full_page=True)
 
         # On a phone-sized screen nothing overflows sideways.

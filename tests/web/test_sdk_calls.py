@@ -8,15 +8,18 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, Playwright, Route
 
+from tests.audio_data import RATE, librivox, silence
 from tests.conftest import ServerFactory
-from tests.web.browser import chromium
+from tests.web.browser import chromium, write_capture_wav
 from tests.web.conftest import SiteFactory
 from voice_agent.client import RealtimeClient
 
@@ -65,11 +68,14 @@ async def browser(playwright: Playwright) -> AsyncIterator[Browser]:
         yield launched
 
 
-async def new_page(browser: Browser, url: str) -> Page:
+async def new_page(browser: Browser, url: str) -> tuple[Page, list[str]]:
+    """A page at ``url`` and the errors its console will log."""
     page = await browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     await page.add_init_script(TRACK_STREAMS)
     await page.goto(url)
-    return page
+    return page, errors
 
 
 async def test_the_sdk_is_served_as_a_module_with_cors(
@@ -103,9 +109,11 @@ async def test_the_sdk_is_served_as_a_module_with_cors(
 async def test_a_page_on_another_origin_calls_and_hangs_up(
     browser: Browser, server_factory: ServerFactory, site_factory: SiteFactory
 ) -> None:
-    site = await site_factory("<!doctype html><title>customer app</title>")
+    site = await site_factory(
+        "<!doctype html><link rel=icon href=data:,><title>customer app</title>"
+    )
     server = await server_factory(cors_origins=[site])
-    page = await new_page(browser, site + "/")
+    page, console_errors = await new_page(browser, site + "/")
     sdk = server.url + "/sdk/voice-agent.js"
     result = await page.evaluate(CONNECT, [sdk, {"url": server.url, "token": "sk-test"}])
     assert result == {"ok": True, "state": "listening"}
@@ -136,9 +144,11 @@ async def test_a_page_on_another_origin_calls_and_hangs_up(
     # Hanging up releases the microphone, the peer and the server's call.
     await page.evaluate("window.pc = window.agent.pc; window.agent.disconnect()")
     assert await page.evaluate(LIVE_TRACKS) == 0
-    assert await page.evaluate("window.pc.connectionState") == "closed"
+    # The peer closes once the server has acknowledged the hang-up.
+    await page.wait_for_function("window.pc.connectionState === 'closed'", timeout=5_000)
     assert await page.evaluate("window.agent.state") == "disconnected"
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+    assert console_errors == []
 
 
 async def test_an_origin_off_the_allow_list_cannot_load_the_sdk(
@@ -147,7 +157,7 @@ async def test_an_origin_off_the_allow_list_cannot_load_the_sdk(
     allowed = await site_factory("<!doctype html><title>allowed</title>")
     other = await site_factory("<!doctype html><title>other</title>")
     server = await server_factory(cors_origins=[allowed])
-    page = await new_page(browser, other + "/")
+    page, _ = await new_page(browser, other + "/")
     outcome = await page.evaluate(
         "(url) => import(url).then(() => 'loaded', (e) => e.name)",
         server.url + "/sdk/voice-agent.js",
@@ -181,7 +191,7 @@ async def test_a_full_server_is_a_clear_error_with_retry_after(
     server = await server_factory(max_calls=1)
     holder = RealtimeClient(server.url)
     await holder.connect(http)
-    page = await new_page(browser, server.url + "/")
+    page, _ = await new_page(browser, server.url + "/")
     result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {}])
     assert result["ok"] is False
     assert result["code"] == "server_full" and result["status"] == 503
@@ -206,7 +216,7 @@ async def test_a_full_server_is_retried_when_reconnect_is_on(
     server = await server_factory(max_calls=1)
     holder = RealtimeClient(server.url)
     await holder.connect(http)
-    page = await new_page(browser, server.url + "/")
+    page, _ = await new_page(browser, server.url + "/")
     attempt = asyncio.ensure_future(
         page.evaluate(CONNECT, ["/sdk/voice-agent.js", {"reconnect": {"attempts": 3}}])
     )
@@ -231,7 +241,7 @@ async def test_an_unreachable_server_is_a_clear_error(
     browser: Browser, server_factory: ServerFactory
 ) -> None:
     server = await server_factory()  # serves the SDK; the call goes elsewhere
-    page = await new_page(browser, server.url + "/")
+    page, _ = await new_page(browser, server.url + "/")
     nowhere = f"http://127.0.0.1:{closed_port()}"
     result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {"url": nowhere}])
     assert result["ok"] is False and result["code"] == "server_unreachable"
@@ -249,7 +259,7 @@ async def test_a_call_dropped_by_the_server_reconnects(
     browser: Browser, server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
     server = await server_factory()
-    page = await new_page(browser, server.url + "/")
+    page, console_errors = await new_page(browser, server.url + "/")
     result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {"reconnect": True}])
     assert result["ok"] is True
     (first,) = server.calls.calls()
@@ -266,13 +276,14 @@ async def test_a_call_dropped_by_the_server_reconnects(
     await page.evaluate("window.agent.disconnect()")
     assert await page.evaluate(LIVE_TRACKS) == 0
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+    assert console_errors == []
 
 
 async def test_an_ice_failure_is_reported_and_released(
     browser: Browser, server_factory: ServerFactory
 ) -> None:
     server = await server_factory()
-    page = await new_page(browser, server.url + "/")
+    page, _ = await new_page(browser, server.url + "/")
 
     def without_candidates(sdp: str) -> str:
         return "".join(
@@ -293,3 +304,34 @@ async def test_an_ice_failure_is_reported_and_released(
     assert await page.evaluate(LIVE_TRACKS) == 0
     # The SDK hung up the half-made call rather than leaving it to time out.
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+
+
+async def test_interrupt_cancels_the_reply_and_cuts_its_audio(
+    playwright: Playwright, server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = await server_factory(llm_max_tokens=120)
+    question = np.concatenate((silence(3.0), librivox("0880"), silence(60.0)))
+    wav = write_capture_wav(tmp_path / "question.wav", question, RATE)
+    async with chromium(playwright, capture_wav=wav) as browser:
+        page, console_errors = await new_page(browser, server.url + "/")
+        result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {}])
+        assert result["ok"] is True
+        await page.evaluate(
+            """() => window.agent.updateSession({ instructions:
+                 'Answer with a long, detailed story of at least five sentences.' })"""
+        )
+        await page.wait_for_function("window.agent.state === 'speaking'", timeout=60_000)
+        done = await page.evaluate(
+            """() => new Promise((resolve) => {
+                 window.agent.on('assistantdone', resolve);
+                 window.agent.interrupt();
+               })"""
+        )
+        assert done["status"] == "cancelled" and done["reason"] == "client_cancelled"
+        assert await page.evaluate("window.agent.state") == "listening"
+        kinds = [e["type"] for e in await page.evaluate("window.agent.events")]
+        assert "output_audio_buffer.cleared" in kinds
+        assert not [e for e in await page.evaluate("window.agent.events") if e["type"] == "error"]
+        await page.evaluate("window.agent.disconnect()")
+        assert console_errors == []
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
