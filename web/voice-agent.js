@@ -405,24 +405,24 @@ export class VoiceAgent {
   }
 
   async connectOnce() {
-    const attempt = (this.attempt = { cancelled: false });
+    const attempt = (this.attempt = { cancelled: false, phase: 'microphone', abort: new AbortController() });
     this.closing = false;
     this.tracker = new EventTracker(undefined, this.tracker.state);
     this.setState('connecting');
     const timeoutMs = this.options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
     let timer;
     try {
+      // Not timed: the user may take a while to answer the permission prompt.
+      await this.acquireMicrophone(attempt);
       const timeout = new Promise((_, reject) => {
-        timer = setTimeout(() => reject(new VoiceAgentError(this.pc?.iceConnectionState === 'connected'
-          ? 'timeout' : 'ice_failed',
-          `No audio from the server within ${timeoutMs / 1000} s (the network path may be blocked).`,
-          { fatal: true })), timeoutMs);
+        timer = setTimeout(() => reject(this.timeoutError(attempt, timeoutMs)), timeoutMs);
       });
       await Promise.race([this.establish(attempt), timeout]);
       return this;
     } catch (err) {
       const error = err instanceof VoiceAgentError ? err
         : new VoiceAgentError('connect_failed', `Could not connect: ${err?.message || err}`, { fatal: true });
+      attempt.abort.abort(); // an offer still in flight is not left hanging
       this.release();
       if (!attempt.cancelled) {
         this.emit('error', error);
@@ -439,7 +439,18 @@ export class VoiceAgent {
     if (attempt.cancelled) throw new VoiceAgentError('cancelled', 'disconnected while connecting');
   }
 
-  async establish(attempt) {
+  timeoutError(attempt, timeoutMs) {
+    const s = timeoutMs / 1000;
+    if (attempt.phase === 'ice' && this.pc?.iceConnectionState !== 'connected') {
+      return new VoiceAgentError('ice_failed',
+        `No network path to the server's media within ${s} s (a firewall may block UDP; a TURN server helps).`,
+        { fatal: true });
+    }
+    const what = attempt.phase === 'signaling' ? 'The server did not answer' : 'No audio from the server';
+    return new VoiceAgentError('timeout', `${what} within ${s} s.`, { fatal: true });
+  }
+
+  async acquireMicrophone(attempt) {
     const mic = await openMicrophone(this.options.microphone);
     this.microphone = mic.stream;
     this.ownsMicrophone = mic.owned;
@@ -447,9 +458,14 @@ export class VoiceAgent {
     const track = mic.stream.getAudioTracks()[0];
     if (!track) throw new VoiceAgentError('microphone_not_found', 'The stream has no audio track.', { fatal: true });
     track.enabled = !this.muted;
+  }
+
+  async establish(attempt) {
+    attempt.phase = 'signaling';
+    const track = this.microphone.getAudioTracks()[0];
 
     const pc = (this.pc = new RTCPeerConnection({ iceServers: this.options.iceServers ?? [] }));
-    pc.addTransceiver(track, { direction: 'sendrecv', streams: [mic.stream] });
+    pc.addTransceiver(track, { direction: 'sendrecv', streams: [this.microphone] });
     const gotAudio = new Promise((resolve) => {
       pc.ontrack = (e) => {
         this.remoteStream = e.streams[0] || new MediaStream([e.track]);
@@ -461,7 +477,10 @@ export class VoiceAgent {
     });
     const connected = new Promise((resolve, reject) => {
       pc.onconnectionstatechange = () => {
-        if (pc.connectionState === 'connected') resolve();
+        if (pc.connectionState === 'connected') {
+          attempt.phase = 'media';
+          resolve();
+        }
         if (pc.connectionState === 'failed') {
           const err = new VoiceAgentError('ice_failed',
             'The network connection to the server failed (ICE).', { fatal: true });
@@ -492,7 +511,9 @@ export class VoiceAgent {
     if (this.options.token) headers.Authorization = `Bearer ${this.options.token}`;
     let res;
     try {
-      res = await fetch(this.base + CALLS_PATH, { method: 'POST', headers, body: pc.localDescription.sdp });
+      res = await fetch(this.base + CALLS_PATH, {
+        method: 'POST', headers, body: pc.localDescription.sdp, signal: attempt.abort.signal,
+      });
     } catch {
       throw new VoiceAgentError('server_unreachable',
         `The voice server at ${this.base} could not be reached.`, { fatal: true });
@@ -503,6 +524,7 @@ export class VoiceAgent {
     const sdp = await res.text();
     this.checkCancelled(attempt);
     await pc.setRemoteDescription({ type: 'answer', sdp });
+    attempt.phase = 'ice';
     await Promise.all([connected, sessionCreated, gotAudio]);
     this.checkCancelled(attempt);
     this.connectedAt = performance.now();
@@ -634,7 +656,10 @@ export class VoiceAgent {
   disconnect() {
     this.closing = true;
     this.wake?.();
-    if (this.attempt) this.attempt.cancelled = true;
+    if (this.attempt) {
+      this.attempt.cancelled = true;
+      this.attempt.abort.abort();
+    }
     const wasConnected = this.pc !== null || this.attempt !== null;
     this.release();
     if (wasConnected || this.state !== 'disconnected') this.setState('disconnected');

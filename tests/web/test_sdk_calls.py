@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from playwright.async_api import Browser, Page, Playwright, Route
 
 from tests.audio_data import RATE, librivox, silence
@@ -335,3 +336,53 @@ async def test_interrupt_cancels_the_reply_and_cuts_its_audio(
         await page.evaluate("window.agent.disconnect()")
         assert console_errors == []
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_a_server_that_never_answers_times_out_and_the_offer_is_aborted(
+    browser: Browser, server_factory: ServerFactory
+) -> None:
+    server = await server_factory()  # serves the SDK
+    arrived = asyncio.Event()
+    aborted = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.StreamResponse:
+        arrived.set()
+        try:
+            await asyncio.Event().wait()  # never answers
+        except asyncio.CancelledError:  # aiohttp cancels the handler when the client aborts
+            aborted.set()
+            raise
+        raise AssertionError("unreachable")
+
+    async def preflight(request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Origin": "*",
+                "Access-Control-Allow-Methods": "POST",
+                "Access-Control-Allow-Headers": "content-type",
+            },
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/realtime/calls", hang)
+    app.router.add_route("OPTIONS", "/v1/realtime/calls", preflight)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        page, _ = await new_page(browser, server.url + "/")
+        result = await page.evaluate(
+            CONNECT,
+            ["/sdk/voice-agent.js", {"url": f"http://127.0.0.1:{port}", "connectTimeoutMs": 2000}],
+        )
+        assert arrived.is_set()
+        assert result["ok"] is False and result["code"] == "timeout", result
+        assert result["message"] == "The server did not answer within 2 s."
+        assert result["state"] == "disconnected" and result["pc"] is None
+        assert await page.evaluate(LIVE_TRACKS) == 0
+        await asyncio.wait_for(aborted.wait(), 5)
+    finally:
+        await runner.cleanup()
