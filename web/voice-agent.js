@@ -422,9 +422,11 @@ export class VoiceAgent {
     } catch (err) {
       const error = err instanceof VoiceAgentError ? err
         : new VoiceAgentError('connect_failed', `Could not connect: ${err?.message || err}`, { fatal: true });
-      attempt.abort.abort(); // an offer still in flight is not left hanging
+      const report = !attempt.cancelled;
+      attempt.cancelled = true; // a still-running establish() stops at its next step
+      attempt.abort.abort(); // and an offer in flight is not left hanging
       this.release();
-      if (!attempt.cancelled) {
+      if (report) {
         this.emit('error', error);
         this.setState('disconnected');
       }
