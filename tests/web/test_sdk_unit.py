@@ -3,6 +3,7 @@ service and fed synthetic server events (OpenAI Realtime GA shapes)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -339,3 +340,10 @@ async def test_methods_need_a_connection(sdk_page: Page, method: str) -> None:
         }}"""
     )
     assert code == "not_connected"
+
+
+async def test_the_served_types_declare_every_export(sdk_page: Page) -> None:
+    exported = set(await sdk_page.evaluate("Object.keys(window.sdk)"))
+    types = await sdk_page.evaluate("fetch('/sdk/voice-agent.d.ts').then((r) => r.text())")
+    declared = set(re.findall(r"^export declare (?:const|class|function) (\w+)", types, re.M))
+    assert exported == declared
