@@ -1,248 +1,282 @@
-// Demo client for the self-hosted voice agent (OpenAI Realtime WebRTC shape).
-// Plain ES module, no dependencies.
+// Demo page, built on the same SDK other sites import from /sdk/voice-agent.js.
 
-const CALLS_URL = '/v1/realtime/calls';
-const ICE_GATHER_TIMEOUT_MS = 2000;
+import { VoiceAgent } from '/sdk/voice-agent.js';
 
+const $ = (id) => document.getElementById(id);
 const ui = {
-  button: document.getElementById('connect'),
-  status: document.getElementById('status'),
-  transcript: document.getElementById('transcript'),
-  audio: document.getElementById('remote-audio'),
+  button: $('connect'),
+  mute: $('mute'),
+  status: $('status'),
+  error: $('error'),
+  transcript: $('transcript'),
+  audio: $('remote-audio'),
+  inputLevel: $('input-level'),
+  outputLevel: $('output-level'),
+  textForm: $('text-form'),
+  textInput: $('text-input'),
+  microphone: $('microphone'),
+  instructions: $('instructions'),
+  voice: $('voice'),
+  silence: $('silence'),
+  apply: $('apply'),
+  note: $('settings-note'),
 };
 
 // Inspected by automated browser tests.
-const agent = (window.voiceAgent = { pc: null, channel: null, events: [], state: 'idle' });
+const demo = (window.voiceAgent = { agent: null, events: [], state: 'disconnected', errors: [] });
 
-let call = null; // the current call: { pc, mic, location, closed }
+let agent = null;
+let meterTimer = null;
 const userTurns = new Map(); // item_id -> bubble
 const assistantTurns = new Map(); // response_id -> bubble
 
-// ---- status line ------------------------------------------------------------
+// ---- status, errors ------------------------------------------------------------
 
-function setStatus(state, message) {
-  agent.state = state;
+const STATE_LABELS = {
+  connecting: 'connecting…', listening: 'listening', thinking: 'thinking…',
+  speaking: 'speaking', disconnected: 'disconnected',
+};
+
+function showState(state) {
+  demo.state = state;
   ui.status.dataset.state = state;
-  ui.status.textContent = message ? `${state}: ${message}` : state;
+  ui.status.textContent = STATE_LABELS[state] ?? state;
+  const live = state !== 'disconnected';
+  ui.button.textContent = live ? 'Hang up' : 'Connect';
+  ui.button.classList.toggle('hangup', live);
+  ui.mute.hidden = ui.textForm.hidden = !live;
+  if (!live) stopMeters();
 }
 
-function setButton(connected) {
-  ui.button.textContent = connected ? 'Hang up' : 'Connect';
-  ui.button.classList.toggle('hangup', connected);
+function showError(err) {
+  demo.errors.push({ code: err.code, message: err.message });
+  ui.error.textContent = err.message;
+  ui.error.dataset.code = err.code ?? '';
+  ui.error.hidden = false;
 }
 
-// ---- transcript ---------------------------------------------------------------
+function clearError() {
+  ui.error.hidden = true;
+  ui.error.textContent = '';
+}
+
+// ---- conversation view ----------------------------------------------------------
 
 function addBubble(role, text) {
-  const stick = ui.transcript.scrollHeight - ui.transcript.scrollTop - ui.transcript.clientHeight < 40;
+  const view = ui.transcript;
+  const stick = view.scrollHeight - view.scrollTop - view.clientHeight < 40;
   const bubble = document.createElement('div');
   bubble.className = `turn ${role}`;
   const body = document.createElement('span');
   body.className = 'text';
   body.textContent = text;
   bubble.append(body);
-  ui.transcript.append(bubble);
+  view.append(bubble);
   if (stick) bubble.scrollIntoView({ block: 'end' });
   return bubble;
 }
 
 const textOf = (bubble) => bubble.querySelector('.text');
 
-function userBubble(itemId) {
-  let bubble = userTurns.get(itemId);
+function turnBubble(map, key, role, placeholder) {
+  let bubble = map.get(key);
   if (!bubble) {
-    bubble = addBubble('user', '…');
+    bubble = addBubble(role, placeholder);
     bubble.classList.add('pending');
-    userTurns.set(itemId, bubble);
+    map.set(key, bubble);
   }
   return bubble;
 }
 
-function assistantBubble(responseId) {
-  let bubble = assistantTurns.get(responseId);
-  if (!bubble) {
-    bubble = addBubble('assistant', '');
-    bubble.classList.add('pending');
-    assistantTurns.set(responseId, bubble);
-  }
-  return bubble;
-}
+const userBubble = (itemId) => turnBubble(userTurns, itemId, 'user', '…');
+const assistantBubble = (responseId) => turnBubble(assistantTurns, responseId, 'assistant', '');
 
-function finishAssistant(response) {
-  const bubble = assistantTurns.get(response.id);
+function finishAssistant({ responseId, text, status }) {
+  const bubble = assistantTurns.get(responseId);
   if (!bubble) return;
   bubble.classList.remove('pending');
-  if (response.status !== 'completed') {
-    if (!textOf(bubble).textContent.trim()) {
-      bubble.remove(); // cancelled before a word was said: nothing to show
-      return;
-    }
-    const mark = document.createElement('span');
-    mark.className = 'mark';
-    mark.textContent = response.status === 'cancelled' ? ' (interrupted)' : ' (failed)';
-    bubble.append(mark);
-    bubble.classList.add(response.status === 'cancelled' ? 'interrupted' : 'failed');
+  if (status === 'completed') return;
+  if (!text.trim()) {
+    bubble.remove(); // cancelled before a word was said: nothing to show
+    return;
   }
-  const m = response.metadata || {};
-  if (m.voice_to_voice_ms) {
-    const parts = [['stt', m.stt_ms], ['llm', m.llm_ttft_ms], ['tts', m.tts_first_audio_ms]]
-      .filter(([, v]) => v)
-      .map(([k, v]) => `${k} ${Math.round(Number(v))}`);
-    const note = document.createElement('div');
-    note.className = 'latency';
-    note.textContent = `${Math.round(Number(m.voice_to_voice_ms))} ms voice-to-voice`
-      + (parts.length ? ` (${parts.join(' · ')} ms)` : '');
-    bubble.after(note);
+  textOf(bubble).textContent = text; // what was actually heard
+  const mark = document.createElement('span');
+  mark.className = 'mark';
+  mark.textContent = status === 'cancelled' ? ' (interrupted)' : ' (failed)';
+  bubble.append(mark);
+  bubble.classList.add(status === 'cancelled' ? 'interrupted' : 'failed');
+}
+
+function showLatency({ responseId, server, clientMs }) {
+  const bubble = assistantTurns.get(responseId);
+  if (!bubble || !bubble.isConnected) return;
+  const parts = [];
+  if (server?.voiceToVoiceMs !== undefined) {
+    const spans = [['stt', server.sttMs], ['llm', server.llmTtftMs], ['tts', server.ttsFirstAudioMs]]
+      .filter(([, v]) => v !== undefined)
+      .map(([k, v]) => `${k} ${Math.round(v)}`);
+    parts.push(`${Math.round(server.voiceToVoiceMs)} ms voice-to-voice`
+      + (spans.length ? ` (${spans.join(' · ')} ms)` : ''));
+  }
+  if (clientMs !== undefined) parts.push(`client ${clientMs} ms`);
+  if (!parts.length) return;
+  const note = document.createElement('div');
+  note.className = 'latency';
+  note.textContent = parts.join(' · ');
+  bubble.after(note);
+}
+
+// ---- meters ------------------------------------------------------------------------
+
+function setLevel(bar, level) {
+  // Perceptual scale: audioLevel is linear amplitude.
+  const pct = Math.min(100, Math.round(Math.sqrt(level) * 100));
+  bar.style.width = `${pct}%`;
+}
+
+function startMeters() {
+  stopMeters();
+  meterTimer = setInterval(async () => {
+    if (!agent) return;
+    const { input, output } = await agent.getLevels();
+    setLevel(ui.inputLevel, input);
+    setLevel(ui.outputLevel, output);
+  }, 100);
+}
+
+function stopMeters() {
+  clearInterval(meterTimer);
+  meterTimer = null;
+  setLevel(ui.inputLevel, 0);
+  setLevel(ui.outputLevel, 0);
+}
+
+// ---- microphones and settings --------------------------------------------------------
+
+async function listMicrophones() {
+  if (!navigator.mediaDevices?.enumerateDevices) return;
+  const devices = (await navigator.mediaDevices.enumerateDevices()).filter((d) => d.kind === 'audioinput');
+  const chosen = ui.microphone.value;
+  const options = [new Option('Default microphone', '')];
+  devices.forEach((d, i) => {
+    if (d.deviceId && d.deviceId !== 'default') options.push(new Option(d.label || `Microphone ${i + 1}`, d.deviceId));
+  });
+  ui.microphone.replaceChildren(...options);
+  ui.microphone.value = options.some((o) => o.value === chosen) ? chosen : '';
+}
+
+function settingsFromForm() {
+  const settings = {};
+  if (ui.instructions.value.trim()) settings.instructions = ui.instructions.value.trim();
+  if (ui.voice.value.trim()) settings.voice = ui.voice.value.trim();
+  if (ui.silence.value) settings.turnDetection = { silenceDurationMs: Number(ui.silence.value) };
+  return settings;
+}
+
+function showSession(session) {
+  const voice = session?.audio?.output?.voice;
+  if (!ui.instructions.value) ui.instructions.placeholder = session?.instructions ?? 'Server default';
+  if (!ui.voice.value && voice) ui.voice.placeholder = voice;
+  const silence = session?.audio?.input?.turn_detection?.silence_duration_ms;
+  if (!ui.silence.value && silence) ui.silence.placeholder = String(silence);
+}
+
+async function applySettings() {
+  const wanted = settingsFromForm();
+  if (!agent || agent.state === 'disconnected' || !Object.keys(wanted).length) {
+    ui.note.textContent = agent ? 'Nothing to change.' : 'Settings apply to the next call.';
+    return;
+  }
+  try {
+    const session = await agent.updateSession(wanted);
+    const voice = session?.audio?.output?.voice;
+    ui.note.textContent = wanted.voice && voice !== wanted.voice
+      ? `Applied; this server speaks with the voice "${voice}".`
+      : 'Applied.';
+  } catch (err) {
+    ui.note.textContent = `Not applied: ${err.message}`;
   }
 }
 
-// ---- server events -------------------------------------------------------------
+// ---- connection ---------------------------------------------------------------------
 
-const handlers = {
-  'session.created': () => setStatus('listening'),
-  'input_audio_buffer.speech_started': (e) => {
-    userBubble(e.item_id);
-    setStatus('user speaking');
-  },
-  'input_audio_buffer.speech_stopped': () => setStatus('thinking'),
-  'conversation.item.input_audio_transcription.completed': (e) => {
-    const bubble = userBubble(e.item_id);
-    const text = (e.transcript || '').trim();
+function subscribe(a) {
+  a.on('event', (e) => demo.events.push(e));
+  a.on('state', ({ state }) => { if (a === agent) showState(state); });
+  a.on('session', ({ session }) => showSession(session));
+  a.on('speechstart', ({ itemId }) => userBubble(itemId));
+  a.on('userpartial', ({ itemId, text }) => { textOf(userBubble(itemId)).textContent = text; });
+  a.on('usertranscript', ({ itemId, text }) => {
+    const bubble = userBubble(itemId);
     if (!text) { bubble.remove(); return; } // noise, not words
     textOf(bubble).textContent = text;
     bubble.classList.remove('pending');
-  },
-  'response.created': (e) => {
-    assistantBubble(e.response.id);
-    if (agent.state === 'listening') setStatus('thinking');
-  },
-  'response.output_audio_transcript.delta': (e) => {
-    textOf(assistantBubble(e.response_id)).textContent += e.delta;
-  },
-  'response.output_audio_transcript.done': (e) => {
-    const bubble = assistantTurns.get(e.response_id);
-    if (bubble && typeof e.transcript === 'string') textOf(bubble).textContent = e.transcript;
-  },
-  'output_audio_buffer.started': () => setStatus('speaking'),
-  'output_audio_buffer.stopped': () => { if (agent.state === 'speaking') setStatus('listening'); },
-  'output_audio_buffer.cleared': () => { if (agent.state === 'speaking') setStatus('listening'); },
-  'response.done': (e) => {
-    finishAssistant(e.response);
-    if (e.response.status !== 'completed' && agent.state === 'thinking') setStatus('listening');
-  },
-  error: (e) => setStatus('error', e.error?.message || e.error?.code || 'unknown error'),
-};
-
-function onMessage(msg) {
-  let event;
-  try { event = JSON.parse(msg.data); } catch { return; }
-  agent.events.push(event);
-  handlers[event.type]?.(event);
-}
-
-// ---- connection --------------------------------------------------------------------
-
-async function openMicrophone() {
-  if (!navigator.mediaDevices?.getUserMedia) {
-    throw new Error('microphone unavailable (the page needs HTTPS or localhost)');
-  }
-  try {
-    return await navigator.mediaDevices.getUserMedia({
-      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
-    });
-  } catch (err) {
-    if (err.name === 'NotAllowedError') throw new Error('microphone access denied');
-    if (err.name === 'NotFoundError') throw new Error('no microphone found');
-    throw new Error(`microphone error: ${err.message || err.name}`);
-  }
-}
-
-function iceGatheringComplete(pc) {
-  if (pc.iceGatheringState === 'complete') return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => { clearTimeout(timer); pc.removeEventListener('icegatheringstatechange', check); resolve(); };
-    const check = () => { if (pc.iceGatheringState === 'complete') done(); };
-    const timer = setTimeout(done, ICE_GATHER_TIMEOUT_MS);
-    pc.addEventListener('icegatheringstatechange', check);
   });
-}
-
-async function describeRefusal(res) {
-  let code = '';
-  let message = `${res.status} ${res.statusText}`.trim();
-  try {
-    const body = await res.json();
-    code = body.error?.code || '';
-    message = body.error?.message || message;
-  } catch { /* not JSON */ }
-  const retry = res.headers.get('Retry-After');
-  const label = { server_full: 'server full', not_ready: 'server starting' }[code] || `call refused (${res.status})`;
-  return `${label}: ${message}${retry ? ` — retry in ${retry} s` : ''}`;
-}
-
-function release(c) {
-  c.closed = true;
-  c.mic?.getTracks().forEach((t) => t.stop());
-  c.pc?.close();
-  if (c.location) fetch(c.location, { method: 'DELETE', keepalive: true }).catch(() => {});
-  c.location = null;
-}
-
-function hangUp(state = 'disconnected', message) {
-  if (!call) return;
-  release(call);
-  call = null;
-  agent.pc = agent.channel = null;
-  ui.audio.srcObject = null;
-  setButton(false);
-  setStatus(state, message);
+  a.on('responsestart', ({ responseId }) => assistantBubble(responseId));
+  a.on('assistantdelta', ({ responseId, text }) => { textOf(assistantBubble(responseId)).textContent = text; });
+  a.on('assistantdone', finishAssistant);
+  a.on('latency', showLatency);
+  a.on('error', showError);
 }
 
 async function connect() {
-  const c = (call = { pc: null, mic: null, location: null, closed: false });
-  agent.events.length = 0;
+  clearError();
   userTurns.clear();
   assistantTurns.clear();
   ui.transcript.replaceChildren();
-  setButton(true);
-  setStatus('connecting');
+  demo.events.length = 0;
+  const deviceId = ui.microphone.value;
+  agent = demo.agent = new VoiceAgent({
+    audio: ui.audio,
+    microphone: deviceId ? { deviceId: { exact: deviceId } } : undefined,
+  });
+  subscribe(agent);
+  agent.unmute();
+  ui.mute.textContent = 'Mute';
+  ui.mute.setAttribute('aria-pressed', 'false');
+  const current = agent;
   try {
-    c.mic = await openMicrophone();
-    if (c.closed) return release(c);
-
-    const pc = (c.pc = agent.pc = new RTCPeerConnection({ iceServers: [] }));
-    const [track] = c.mic.getAudioTracks();
-    pc.addTransceiver(track, { direction: 'sendrecv', streams: [c.mic] });
-    pc.ontrack = (e) => {
-      ui.audio.srcObject = e.streams[0] || new MediaStream([e.track]);
-      ui.audio.play().catch(() => {});
-    };
-    pc.onconnectionstatechange = () => {
-      if (call === c && pc.connectionState === 'failed') hangUp('error', 'connection failed');
-    };
-    const channel = (agent.channel = pc.createDataChannel('oai-events'));
-    channel.onmessage = onMessage;
-    channel.onclose = () => { if (call === c) hangUp('disconnected', 'call ended by the server'); };
-
-    await pc.setLocalDescription(await pc.createOffer());
-    await iceGatheringComplete(pc);
-    if (c.closed) return release(c);
-
-    const res = await fetch(CALLS_URL, {
-      method: 'POST',
-      headers: { 'Content-Type': 'application/sdp' },
-      body: pc.localDescription.sdp,
-    }).catch(() => { throw new Error('server unreachable'); });
-    if (res.status !== 201) throw new Error(await describeRefusal(res));
-    c.location = res.headers.get('Location');
-    const sdp = await res.text();
-    if (c.closed) return release(c);
-    await pc.setRemoteDescription({ type: 'answer', sdp });
-  } catch (err) {
-    if (call === c) hangUp('error', err.message || String(err));
-    else release(c);
+    await current.connect();
+  } catch {
+    return; // shown through the `error` event
   }
+  if (current !== agent) return;
+  startMeters();
+  listMicrophones().catch(() => {}); // labels are readable now that access was granted
+  if (Object.keys(settingsFromForm()).length) applySettings();
 }
 
-ui.button.addEventListener('click', () => (call ? hangUp() : connect()));
+function hangUp() {
+  const current = agent;
+  agent = null;
+  current?.disconnect();
+  showState('disconnected');
+}
+
+ui.button.addEventListener('click', () => (agent && agent.state !== 'disconnected' ? hangUp() : connect()));
+ui.mute.addEventListener('click', () => {
+  if (!agent) return;
+  const muting = !agent.muted;
+  if (muting) agent.mute(); else agent.unmute();
+  ui.mute.textContent = muting ? 'Unmute' : 'Mute';
+  ui.mute.setAttribute('aria-pressed', String(muting));
+});
+ui.textForm.addEventListener('submit', (e) => {
+  e.preventDefault();
+  const text = ui.textInput.value.trim();
+  if (!text || !agent) return;
+  try {
+    agent.sendText(text);
+    const bubble = addBubble('user', text);
+    bubble.classList.add('typed');
+    ui.textInput.value = '';
+  } catch (err) {
+    showError(err);
+  }
+});
+ui.apply.addEventListener('click', applySettings);
+navigator.mediaDevices?.addEventListener?.('devicechange', () => listMicrophones().catch(() => {}));
+listMicrophones().catch(() => {});
 window.addEventListener('pagehide', () => hangUp());
+showState('disconnected');

@@ -23,6 +23,7 @@ from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.llm_proxy import add_llm_proxy
+from voice_agent.server.sdk import add_sdk_routes
 from voice_agent.session.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -287,6 +288,7 @@ def build_app(settings: Settings, engine: Engine) -> web.Application:
         add_llm_proxy(app, lambda: engine.llm_config, settings.llm_proxy_max_body_bytes)
     if WEB_DIR.is_dir():
         app.router.add_static("/web/", WEB_DIR, show_index=False)
+        add_sdk_routes(app, WEB_DIR)
 
     async def on_shutdown(app: web.Application) -> None:
         app[SHUTTING_DOWN].set()  # no new calls while the live ones are closed

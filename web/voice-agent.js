@@ -1,0 +1,676 @@
+// Voice agent browser SDK: one ES module, no dependencies, no build step.
+//
+//   import { connect } from 'https://voice.example/sdk/voice-agent.js';
+//   const agent = await connect({ url: 'https://voice.example', on: {
+//     usertranscript: (e) => console.log('you:', e.text),
+//     assistantdone: (e) => console.log('agent:', e.text),
+//   } });
+//
+// The wire format is OpenAI's Realtime WebRTC shape (SDP offer POSTed to
+// /v1/realtime/calls, JSON events on the `oai-events` data channel), so every
+// raw server event is also available through the `event` callback.
+// Types: voice-agent.d.ts, served beside this file.
+
+export const CALLS_PATH = '/v1/realtime/calls';
+const DEFAULT_CONNECT_TIMEOUT_MS = 15000;
+const ICE_GATHER_TIMEOUT_MS = 2000;
+
+/** @type {readonly string[]} */
+export const STATES = ['connecting', 'listening', 'thinking', 'speaking', 'disconnected'];
+
+export class VoiceAgentError extends Error {
+  /**
+   * @param {string} code  machine-readable reason (see voice-agent.d.ts)
+   * @param {string} message  readable text, fit to show a user
+   * @param {{status?: number, retryAfter?: number, fatal?: boolean, event?: object}} [extra]
+   */
+  constructor(code, message, extra = {}) {
+    super(message);
+    this.name = 'VoiceAgentError';
+    this.code = code;
+    this.status = extra.status;
+    this.retryAfter = extra.retryAfter;
+    this.fatal = extra.fatal ?? false;
+    this.event = extra.event;
+  }
+}
+
+// ---- client events (pure builders, exported for reuse and tests) -------------
+
+let eventCounter = 0;
+function eventId() {
+  eventCounter += 1;
+  return `event_client_${Date.now().toString(36)}_${eventCounter}`;
+}
+
+/**
+ * A `session.update` client event (GA Realtime schema).
+ * @param {{instructions?: string, voice?: string, speed?: number,
+ *          turnDetection?: {silenceDurationMs?: number, threshold?: number, prefixPaddingMs?: number}}} options
+ */
+export function sessionUpdateEvent(options) {
+  const session = { type: 'realtime' };
+  if (options.instructions !== undefined) session.instructions = options.instructions;
+  const output = {};
+  if (options.voice !== undefined) output.voice = options.voice;
+  if (options.speed !== undefined) output.speed = options.speed;
+  const turn = {};
+  const td = options.turnDetection;
+  if (td) {
+    turn.type = 'server_vad';
+    if (td.silenceDurationMs !== undefined) turn.silence_duration_ms = td.silenceDurationMs;
+    if (td.threshold !== undefined) turn.threshold = td.threshold;
+    if (td.prefixPaddingMs !== undefined) turn.prefix_padding_ms = td.prefixPaddingMs;
+  }
+  const audio = {};
+  if (Object.keys(output).length) audio.output = output;
+  if (td) audio.input = { turn_detection: turn };
+  if (Object.keys(audio).length) session.audio = audio;
+  return { type: 'session.update', event_id: eventId(), session };
+}
+
+/** A typed user message and the request to answer it. */
+export function userTextEvents(text) {
+  if (typeof text !== 'string' || !text.trim()) {
+    throw new VoiceAgentError('invalid_text', 'sendText needs a non-empty string');
+  }
+  return [
+    {
+      type: 'conversation.item.create',
+      event_id: eventId(),
+      item: { type: 'message', role: 'user', content: [{ type: 'input_text', text }] },
+    },
+    { type: 'response.create', event_id: eventId() },
+  ];
+}
+
+// ---- server events -> typed events and state ---------------------------------
+
+const num = (v) => (v === undefined || v === null || v === '' ? undefined : Number(v));
+
+/** Server latency spans from `response.done` `response.metadata` (strings in the schema). */
+export function serverLatency(metadata) {
+  if (!metadata || typeof metadata !== 'object') return undefined;
+  const spans = {
+    voiceToVoiceMs: num(metadata.voice_to_voice_ms),
+    endOfTurnMs: num(metadata.end_of_turn_delay_ms),
+    sttMs: num(metadata.stt_ms),
+    llmTtftMs: num(metadata.llm_ttft_ms),
+    ttsFirstAudioMs: num(metadata.tts_first_audio_ms),
+    serverOverheadMs: num(metadata.server_overhead_ms),
+  };
+  return Object.values(spans).some((v) => v !== undefined) ? spans : undefined;
+}
+
+/**
+ * Turns the server's event stream into the SDK's typed events and the
+ * conversation state. Pure: no network, no DOM; `now` is injectable so the
+ * client-side latency it measures can be checked.
+ */
+export class EventTracker {
+  constructor(now = () => performance.now(), state = 'connecting') {
+    this.now = now;
+    this.state = state;
+    this.userSpeaking = false;
+    this.activeResponseId = null;
+    this.speakingResponseId = null;
+    this.partials = new Map(); // item_id -> partial transcript so far
+    this.replies = new Map(); // response_id -> { text, audio, startedAt }
+    this.turnStartedAt = null; // client time the user's turn ended (or text was sent)
+  }
+
+  /** The client sent a typed message: latency counts from now. */
+  textSent() {
+    this.turnStartedAt = this.now();
+  }
+
+  /**
+   * @param {any} e a parsed server event
+   * @returns {Array<[string, any]>} typed events to emit, in order
+   */
+  handle(e) {
+    const out = [];
+    const setState = (state) => {
+      if (state === this.state) return;
+      const previous = this.state;
+      this.state = state;
+      out.push(['state', { state, previous }]);
+    };
+    switch (e?.type) {
+      case 'session.created':
+        if (this.state === 'connecting') setState('listening');
+        out.push(['session', { session: e.session }]);
+        break;
+      case 'session.updated':
+        out.push(['session', { session: e.session }]);
+        break;
+      case 'input_audio_buffer.speech_started':
+        this.userSpeaking = true;
+        out.push(['speechstart', { itemId: e.item_id, audioStartMs: e.audio_start_ms }]);
+        setState('listening'); // the user has the floor (the server interrupts any reply)
+        break;
+      case 'input_audio_buffer.speech_stopped':
+        this.userSpeaking = false;
+        this.turnStartedAt = this.now();
+        out.push(['speechstop', { itemId: e.item_id, audioEndMs: e.audio_end_ms }]);
+        setState('thinking');
+        break;
+      case 'conversation.item.input_audio_transcription.delta': {
+        const text = (this.partials.get(e.item_id) ?? '') + (e.delta ?? '');
+        this.partials.set(e.item_id, text);
+        out.push(['userpartial', { itemId: e.item_id, delta: e.delta ?? '', text }]);
+        break;
+      }
+      case 'conversation.item.input_audio_transcription.completed': {
+        this.partials.delete(e.item_id);
+        const text = (e.transcript ?? '').trim();
+        out.push(['usertranscript', { itemId: e.item_id, text }]);
+        // Nothing was said (noise): no reply will come.
+        if (!text && this.state === 'thinking' && !this.activeResponseId) setState('listening');
+        break;
+      }
+      case 'conversation.item.input_audio_transcription.failed':
+        this.partials.delete(e.item_id);
+        out.push(['error', new VoiceAgentError(e.error?.code || 'transcription_failed',
+          e.error?.message || 'transcription failed', { event: e })]);
+        if (this.state === 'thinking' && !this.activeResponseId) setState('listening');
+        break;
+      case 'response.created': {
+        const id = e.response?.id;
+        this.activeResponseId = id;
+        this.replies.set(id, { text: '', audio: false, itemId: null });
+        out.push(['responsestart', { responseId: id }]);
+        if (this.state === 'listening' && !this.userSpeaking) setState('thinking');
+        break;
+      }
+      case 'response.output_audio_transcript.delta':
+      case 'response.output_text.delta': {
+        const reply = this.reply(e.response_id);
+        reply.text += e.delta ?? '';
+        reply.itemId = e.item_id;
+        out.push(['assistantdelta', {
+          responseId: e.response_id, itemId: e.item_id, delta: e.delta ?? '', text: reply.text,
+        }]);
+        break;
+      }
+      case 'output_audio_buffer.started': {
+        const reply = this.reply(e.response_id);
+        reply.audio = true;
+        if (reply.clientMs === undefined && this.turnStartedAt !== null) {
+          reply.clientMs = Math.round(this.now() - this.turnStartedAt);
+        }
+        this.speakingResponseId = e.response_id;
+        setState('speaking');
+        break;
+      }
+      case 'output_audio_buffer.stopped':
+      case 'output_audio_buffer.cleared':
+        if (this.speakingResponseId === e.response_id || !e.response_id) {
+          this.speakingResponseId = null;
+        }
+        // The reply's audio has ended (it comes before its response.done).
+        if (this.state === 'speaking' && !this.speakingResponseId) setState('listening');
+        break;
+      case 'response.done':
+        out.push(...this.responseDone(e.response ?? {}, setState));
+        break;
+      case 'error':
+        out.push(['error', new VoiceAgentError(e.error?.code || 'server_error',
+          e.error?.message || 'the server reported an error', { event: e })]);
+        break;
+      default:
+        break;
+    }
+    return out;
+  }
+
+  reply(responseId) {
+    let reply = this.replies.get(responseId);
+    if (!reply) {
+      reply = { text: '', audio: false, itemId: null };
+      this.replies.set(responseId, reply);
+    }
+    return reply;
+  }
+
+  responseDone(response, setState) {
+    const out = [];
+    const reply = this.reply(response.id);
+    this.replies.delete(response.id);
+    if (this.activeResponseId === response.id) this.activeResponseId = null;
+    const item = response.output?.[0];
+    const final = item?.content?.[0]?.transcript;
+    const text = typeof final === 'string' ? final : reply.text;
+    out.push(['assistantdone', {
+      responseId: response.id,
+      itemId: item?.id ?? reply.itemId,
+      text,
+      status: response.status,
+      reason: response.status_details?.reason ?? response.status_details?.error?.code,
+    }]);
+    const server = serverLatency(response.metadata);
+    if (server || reply.clientMs !== undefined) {
+      out.push(['latency', { responseId: response.id, server, clientMs: reply.clientMs }]);
+    }
+    if (response.status === 'failed') {
+      const code = response.status_details?.error?.code || 'response_failed';
+      out.push(['error', new VoiceAgentError(code, `the reply failed (${code})`)]);
+    }
+    // No audio is coming for this reply: hand the floor back.
+    if (this.state === 'thinking' && !this.activeResponseId && !reply.audio) setState('listening');
+    return out;
+  }
+}
+
+// ---- the agent -----------------------------------------------------------------
+
+async function openMicrophone(microphone) {
+  if (typeof MediaStream !== 'undefined' && microphone instanceof MediaStream) {
+    return { stream: microphone, owned: false };
+  }
+  if (!navigator.mediaDevices?.getUserMedia) {
+    throw new VoiceAgentError('microphone_unavailable',
+      'Microphone unavailable: the page must be served over HTTPS (or from localhost).', { fatal: true });
+  }
+  const constraints = {
+    echoCancellation: true, noiseSuppression: true, autoGainControl: true, ...(microphone || {}),
+  };
+  try {
+    return { stream: await navigator.mediaDevices.getUserMedia({ audio: constraints }), owned: true };
+  } catch (err) {
+    const name = err?.name;
+    if (name === 'NotAllowedError' || name === 'SecurityError') {
+      throw new VoiceAgentError('microphone_denied',
+        'Microphone access was denied. Allow the microphone for this site and try again.', { fatal: true });
+    }
+    if (name === 'NotFoundError' || name === 'OverconstrainedError') {
+      throw new VoiceAgentError('microphone_not_found', 'No microphone was found.', { fatal: true });
+    }
+    throw new VoiceAgentError('microphone_error',
+      `The microphone could not be opened: ${err?.message || name}`, { fatal: true });
+  }
+}
+
+function iceGatheringComplete(pc) {
+  if (pc.iceGatheringState === 'complete') return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener('icegatheringstatechange', check);
+      resolve();
+    };
+    const check = () => { if (pc.iceGatheringState === 'complete') done(); };
+    // Host candidates arrive at once; don't wait long for STUN ones.
+    const timer = setTimeout(done, ICE_GATHER_TIMEOUT_MS);
+    pc.addEventListener('icegatheringstatechange', check);
+  });
+}
+
+async function refusal(res) {
+  let code = '';
+  let message = `${res.status} ${res.statusText}`.trim();
+  try {
+    const body = await res.json();
+    code = body?.error?.code || '';
+    message = body?.error?.message || message;
+  } catch { /* not JSON */ }
+  const header = res.headers.get('Retry-After');
+  const retryAfter = header !== null && /^\d+$/.test(header.trim()) ? Number(header) : undefined;
+  const retry = retryAfter !== undefined ? ` Try again in ${retryAfter} s.` : '';
+  if (res.status === 503 && code === 'server_full') {
+    return new VoiceAgentError('server_full', `The server is full: ${message}.${retry}`,
+      { status: 503, retryAfter, fatal: true });
+  }
+  if (res.status === 503) {
+    return new VoiceAgentError(code || 'server_unavailable', `The server is not available: ${message}.${retry}`,
+      { status: 503, retryAfter, fatal: true });
+  }
+  return new VoiceAgentError(code || 'call_refused', `The call was refused (${res.status}): ${message}`,
+    { status: res.status, retryAfter, fatal: true });
+}
+
+export class VoiceAgent {
+  /** @param {import('./voice-agent').ConnectOptions} options */
+  constructor(options = {}) {
+    this.options = { ...options };
+    this.base = new URL(options.url ?? '', globalThis.location?.href).href.replace(/\/+$/, '');
+    this.listeners = new Map();
+    this.tracker = new EventTracker(undefined, 'disconnected');
+    this.pc = null;
+    this.channel = null;
+    this.microphone = null; // the MediaStream sent to the server
+    this.remoteStream = null;
+    this.audio = null;
+    this.callUrl = null;
+    this.muted = false;
+    this.events = []; // every server event received, oldest first
+    this.attempt = null; // the connection attempt in progress (cancel token)
+    this.closing = false;
+    this.pending = new Map(); // client event_id -> { resolve, reject } (updateSession)
+    for (const [type, fn] of Object.entries(options.on ?? {})) this.on(type, fn);
+  }
+
+  get state() { return this.tracker.state; }
+
+  /** Subscribe to a typed event; returns the unsubscribe function. */
+  on(type, fn) {
+    if (!this.listeners.has(type)) this.listeners.set(type, new Set());
+    this.listeners.get(type).add(fn);
+    return () => this.off(type, fn);
+  }
+
+  off(type, fn) { this.listeners.get(type)?.delete(fn); }
+
+  emit(type, detail) {
+    for (const fn of [...(this.listeners.get(type) ?? [])]) {
+      try { fn(detail); } catch (err) { console.error(`voice-agent ${type} listener failed`, err); }
+    }
+  }
+
+  setState(state) {
+    if (state === this.tracker.state) return;
+    const previous = this.tracker.state;
+    this.tracker.state = state;
+    this.emit('state', { state, previous });
+  }
+
+  /** Connect; resolves once the call is up and the server's audio flows. */
+  async connect() {
+    if (this.attempt || this.pc) throw new VoiceAgentError('already_connected', 'already connected');
+    const reconnect = this.options.reconnect;
+    const attempts = reconnect ? (reconnect === true ? 3 : reconnect.attempts ?? 3) : 0;
+    for (let tries = 0; ; tries += 1) {
+      try {
+        return await this.connectOnce();
+      } catch (err) {
+        const retryable = err?.code === 'server_full' || err?.code === 'server_unreachable'
+          || err?.code === 'ice_failed' || err?.code === 'not_ready';
+        if (this.closing || !retryable || tries >= attempts) throw err;
+        this.emit('reconnecting', { attempt: tries + 1, error: err });
+        if (!(await this.pause(err.retryAfter !== undefined ? err.retryAfter * 1000 : this.retryDelay()))) throw err;
+      }
+    }
+  }
+
+  retryDelay() {
+    const r = this.options.reconnect;
+    return typeof r === 'object' && r.delayMs !== undefined ? r.delayMs : 1000;
+  }
+
+  pause(ms) {
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => { this.wake = null; resolve(!this.closing); }, ms);
+      this.wake = () => { clearTimeout(timer); this.wake = null; resolve(false); };
+    });
+  }
+
+  async connectOnce() {
+    const attempt = (this.attempt = { cancelled: false, phase: 'microphone', abort: new AbortController() });
+    this.closing = false;
+    this.tracker = new EventTracker(undefined, this.tracker.state);
+    this.setState('connecting');
+    const timeoutMs = this.options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
+    let timer;
+    try {
+      // Not timed: the user may take a while to answer the permission prompt.
+      await this.acquireMicrophone(attempt);
+      const timeout = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(this.timeoutError(attempt, timeoutMs)), timeoutMs);
+      });
+      await Promise.race([this.establish(attempt), timeout]);
+      return this;
+    } catch (err) {
+      const error = err instanceof VoiceAgentError ? err
+        : new VoiceAgentError('connect_failed', `Could not connect: ${err?.message || err}`, { fatal: true });
+      const report = !attempt.cancelled;
+      attempt.cancelled = true; // a still-running establish() stops at its next step
+      attempt.abort.abort(); // and an offer in flight is not left hanging
+      this.release();
+      if (report) {
+        this.emit('error', error);
+        this.setState('disconnected');
+      }
+      throw error;
+    } finally {
+      clearTimeout(timer);
+      if (this.attempt === attempt) this.attempt = null;
+    }
+  }
+
+  checkCancelled(attempt) {
+    if (attempt.cancelled) throw new VoiceAgentError('cancelled', 'disconnected while connecting');
+  }
+
+  timeoutError(attempt, timeoutMs) {
+    const s = timeoutMs / 1000;
+    if (attempt.phase === 'ice' && this.pc?.iceConnectionState !== 'connected') {
+      return new VoiceAgentError('ice_failed',
+        `No network path to the server's media within ${s} s (a firewall may block UDP; a TURN server helps).`,
+        { fatal: true });
+    }
+    const what = attempt.phase === 'signaling' ? 'The server did not answer' : 'No audio from the server';
+    return new VoiceAgentError('timeout', `${what} within ${s} s.`, { fatal: true });
+  }
+
+  async acquireMicrophone(attempt) {
+    const mic = await openMicrophone(this.options.microphone);
+    this.microphone = mic.stream;
+    this.ownsMicrophone = mic.owned;
+    this.checkCancelled(attempt);
+    const track = mic.stream.getAudioTracks()[0];
+    if (!track) throw new VoiceAgentError('microphone_not_found', 'The stream has no audio track.', { fatal: true });
+    track.enabled = !this.muted;
+  }
+
+  async establish(attempt) {
+    attempt.phase = 'signaling';
+    const track = this.microphone.getAudioTracks()[0];
+
+    const pc = (this.pc = new RTCPeerConnection({ iceServers: this.options.iceServers ?? [] }));
+    pc.addTransceiver(track, { direction: 'sendrecv', streams: [this.microphone] });
+    const gotAudio = new Promise((resolve) => {
+      pc.ontrack = (e) => {
+        this.remoteStream = e.streams[0] || new MediaStream([e.track]);
+        this.play();
+        // A remote track starts muted and unmutes at its first RTP packet.
+        if (!e.track.muted) resolve();
+        else e.track.addEventListener('unmute', () => resolve(), { once: true });
+      };
+    });
+    const connected = new Promise((resolve, reject) => {
+      pc.onconnectionstatechange = () => {
+        if (pc.connectionState === 'connected') {
+          attempt.phase = 'media';
+          resolve();
+        }
+        if (pc.connectionState === 'failed') {
+          const err = new VoiceAgentError('ice_failed',
+            'The network connection to the server failed (ICE).', { fatal: true });
+          if (this.attempt === attempt) reject(err);
+          else if (this.pc === pc) this.lost(err);
+        }
+      };
+    });
+    connected.catch(() => {}); // awaited below; this only marks it handled meanwhile
+    const channel = (this.channel = pc.createDataChannel('oai-events'));
+    const sessionCreated = new Promise((resolve) => {
+      channel.onmessage = (msg) => {
+        const event = this.receive(msg.data);
+        if (event?.type === 'session.created') resolve();
+      };
+    });
+    channel.onclose = () => {
+      if (this.pc === pc && !this.closing) {
+        this.lost(new VoiceAgentError('call_ended', 'The server ended the call.', { fatal: true }));
+      }
+    };
+
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGatheringComplete(pc);
+    this.checkCancelled(attempt);
+
+    const headers = { 'Content-Type': 'application/sdp' };
+    if (this.options.token) headers.Authorization = `Bearer ${this.options.token}`;
+    let res;
+    try {
+      res = await fetch(this.base + CALLS_PATH, {
+        method: 'POST', headers, body: pc.localDescription.sdp, signal: attempt.abort.signal,
+      });
+    } catch {
+      throw new VoiceAgentError('server_unreachable',
+        `The voice server at ${this.base} could not be reached.`, { fatal: true });
+    }
+    if (res.status !== 201) throw await refusal(res);
+    const location = res.headers.get('Location');
+    this.callUrl = location ? new URL(location, this.base + '/').href : null;
+    const sdp = await res.text();
+    this.checkCancelled(attempt);
+    await pc.setRemoteDescription({ type: 'answer', sdp });
+    attempt.phase = 'ice';
+    await Promise.all([connected, sessionCreated, gotAudio]);
+    this.checkCancelled(attempt);
+    this.connectedAt = performance.now();
+  }
+
+  play() {
+    if (this.options.audio === null) return; // the app plays remoteStream itself
+    if (!this.audio) {
+      this.audio = this.options.audio ?? new Audio();
+      this.audio.autoplay = true;
+    }
+    this.audio.srcObject = this.remoteStream;
+    this.audio.play?.().catch(() => {
+      this.emit('error', new VoiceAgentError('autoplay_blocked',
+        'The browser blocked audio playback: call connect() from a click or tap.'));
+    });
+  }
+
+  receive(data) {
+    let event;
+    try { event = JSON.parse(data); } catch { return null; }
+    this.events.push(event);
+    this.emit('event', event);
+    for (const [type, detail] of this.tracker.handle(event)) this.emit(type, detail);
+    const waiter = event.type === 'error' ? this.pending.get(event.error?.event_id) : null;
+    if (waiter) waiter.reject(new VoiceAgentError(event.error.code, event.error.message, { event }));
+    if (event.type === 'session.updated') {
+      for (const w of this.pending.values()) w.resolve(event.session);
+    }
+    return event;
+  }
+
+  /** An established call was lost: report it, release everything, maybe reconnect. */
+  lost(error) {
+    if (error.code === 'call_ended') this.callUrl = null; // already gone on the server
+    this.emit('error', error);
+    this.release();
+    this.setState('disconnected');
+    if (this.options.reconnect && !this.closing) {
+      this.emit('reconnecting', { attempt: 1, error });
+      this.connect().catch(() => { /* reported through `error` */ });
+    }
+  }
+
+  send(event) {
+    if (!this.channel || this.channel.readyState !== 'open') {
+      throw new VoiceAgentError('not_connected', 'Not connected.');
+    }
+    this.channel.send(JSON.stringify(event));
+  }
+
+  mute() {
+    this.muted = true;
+    this.microphone?.getAudioTracks().forEach((t) => { t.enabled = false; });
+  }
+
+  unmute() {
+    this.muted = false;
+    this.microphone?.getAudioTracks().forEach((t) => { t.enabled = true; });
+  }
+
+  /** Stop the assistant: cancel the reply being generated and the audio being played. */
+  interrupt() {
+    if (this.tracker.activeResponseId) this.send({ type: 'response.cancel', event_id: eventId() });
+    if (this.tracker.speakingResponseId || this.tracker.state === 'speaking') {
+      this.send({ type: 'output_audio_buffer.clear', event_id: eventId() });
+    }
+  }
+
+  /** Change instructions, voice or turn detection; resolves with the updated session. */
+  updateSession(options) {
+    const event = sessionUpdateEvent(options);
+    return new Promise((resolve, reject) => {
+      const settle = (fn) => (value) => { this.pending.delete(event.event_id); fn(value); };
+      this.pending.set(event.event_id, { resolve: settle(resolve), reject: settle(reject) });
+      try { this.send(event); } catch (err) { this.pending.delete(event.event_id); reject(err); }
+    });
+  }
+
+  /** Send a typed user message and ask for a reply. */
+  sendText(text) {
+    const events = userTextEvents(text);
+    for (const event of events) this.send(event);
+    this.tracker.textSent();
+  }
+
+  /** Microphone and assistant audio levels, 0..1, from the peer connection's stats. */
+  async getLevels() {
+    const levels = { input: 0, output: 0 };
+    if (!this.pc) return levels;
+    const stats = await this.pc.getStats();
+    stats.forEach((s) => {
+      if (s.type === 'media-source' && s.kind === 'audio' && s.audioLevel !== undefined) levels.input = s.audioLevel;
+      if (s.type === 'inbound-rtp' && s.kind === 'audio' && s.audioLevel !== undefined) levels.output = s.audioLevel;
+    });
+    if (this.muted) levels.input = 0;
+    return levels;
+  }
+
+  release() {
+    const { pc, channel } = this;
+    this.pc = null;
+    this.channel = null;
+    for (const waiter of this.pending.values()) waiter.reject(new VoiceAgentError('not_connected', 'Disconnected.'));
+    this.pending.clear();
+    if (this.ownsMicrophone) this.microphone?.getTracks().forEach((t) => t.stop());
+    this.microphone = null;
+    if (this.audio) this.audio.srcObject = null;
+    this.remoteStream = null;
+    if (pc) {
+      pc.ontrack = pc.onconnectionstatechange = null;
+      if (channel) channel.onmessage = channel.onclose = null;
+    }
+    if (this.callUrl) {
+      // Hang up with DELETE first: closing the peer first would end the call
+      // on the server already, and the DELETE would then be a (logged) 404.
+      // The microphone is stopped above, so nothing more is sent meanwhile.
+      const headers = this.options.token ? { Authorization: `Bearer ${this.options.token}` } : {};
+      const close = () => pc?.close();
+      fetch(this.callUrl, { method: 'DELETE', headers, keepalive: true }).then(close, close);
+      setTimeout(close, 1000); // a server that is slow to answer does not keep the peer open
+      this.callUrl = null;
+    } else {
+      pc?.close();
+    }
+  }
+
+  /** Hang up and release the microphone, the peer connection and the call. */
+  disconnect() {
+    this.closing = true;
+    this.wake?.();
+    if (this.attempt) {
+      this.attempt.cancelled = true;
+      this.attempt.abort.abort();
+    }
+    const wasConnected = this.pc !== null || this.attempt !== null;
+    this.release();
+    if (wasConnected || this.state !== 'disconnected') this.setState('disconnected');
+  }
+}
+
+/** Create an agent and connect it. Pass `on` handlers to see events from the start. */
+export async function connect(options) {
+  const agent = new VoiceAgent(options);
+  await agent.connect();
+  return agent;
+}
