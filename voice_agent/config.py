@@ -113,14 +113,16 @@ class Settings(BaseSettings):
     llm_connect_timeout_s: float = Field(
         5.0, gt=0, description="Timeout for connecting to the LLM endpoint."
     )
+    # A caller waiting in silence: better an apology after ~20 s (10 s, one
+    # retry) than a minute of nothing.
     llm_first_token_timeout_s: float = Field(
-        20.0, gt=0, description="Give up (and retry) when no token arrives within this time."
+        10.0, gt=0, description="Give up (and retry) when no token arrives within this time."
     )
     llm_read_timeout_s: float = Field(
         15.0, gt=0, description="Longest silence between two chunks of a streaming reply."
     )
     llm_retries: int = Field(
-        2, ge=0, le=10, description="Retries (with backoff) before the first token; never after."
+        1, ge=0, le=10, description="Retries (with backoff) before the first token; never after."
     )
     llm_reasoning_effort: str | None = Field(
         None,

@@ -386,3 +386,43 @@ async def test_a_server_that_never_answers_times_out_and_the_offer_is_aborted(
         await asyncio.wait_for(aborted.wait(), 5)
     finally:
         await runner.cleanup()
+
+
+async def test_typed_text_gets_a_spoken_answer(
+    playwright: Playwright, server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = await server_factory()
+    # A silent microphone: nothing the VAD could take for a barge-in.
+    wav = write_capture_wav(tmp_path / "silence.wav", silence(5.0), RATE)
+    async with chromium(playwright, capture_wav=wav) as browser:
+        page, console_errors = await new_page(browser, server.url + "/")
+        result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {}])
+        assert result["ok"] is True
+        done = await page.evaluate(
+            """() => new Promise((resolve) => {
+                 window.agent.on('assistantdone', resolve);
+                 window.agent.sendText('Say hello to me, please.');
+               })"""
+        )
+        assert done["status"] == "completed", done
+        assert done["text"].strip(), done
+        events = await page.evaluate("window.agent.events")
+        kinds = [e["type"] for e in events]
+        assert "error" not in kinds, [e for e in events if e["type"] == "error"]
+        # The reply was spoken, not only written: its audio went out and stopped.
+        assert kinds.index("output_audio_buffer.started") < kinds.index(
+            "output_audio_buffer.stopped"
+        )
+        energy = await page.evaluate(
+            """async () => {
+                 let energy = 0;
+                 (await window.agent.pc.getStats()).forEach((s) => {
+                   if (s.type === 'inbound-rtp' && s.kind === 'audio') energy = s.totalAudioEnergy;
+                 });
+                 return energy;
+               }"""
+        )
+        assert energy > 0
+        await page.evaluate("window.agent.disconnect()")
+        assert console_errors == []
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +238,15 @@ async def stats(request: web.Request) -> web.StreamResponse:
 def cors_middleware(origins: list[str]) -> Any:
     allow_any = "*" in origins
 
+    def add_headers(headers: MutableMapping[str, str], origin: str) -> None:
+        headers["Access-Control-Allow-Origin"] = "*" if allow_any else origin
+        headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+        headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+        headers["Access-Control-Expose-Headers"] = "Location"
+        headers["Access-Control-Max-Age"] = "600"
+        if not allow_any:
+            headers["Vary"] = "Origin"
+
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
@@ -248,16 +257,12 @@ def cors_middleware(origins: list[str]) -> Any:
             try:
                 response = await handler(request)
             except web.HTTPException as exc:
-                response = exc
-        if allowed:
-            assert origin is not None
-            response.headers["Access-Control-Allow-Origin"] = "*" if allow_any else origin
-            response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
-            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
-            response.headers["Access-Control-Expose-Headers"] = "Location"
-            response.headers["Access-Control-Max-Age"] = "600"
-            if not allow_any:
-                response.headers["Vary"] = "Origin"
+                # aiohttp wants HTTP errors raised, not returned: decorate and re-raise.
+                if allowed and origin is not None:
+                    add_headers(exc.headers, origin)
+                raise
+        if allowed and origin is not None:
+            add_headers(response.headers, origin)
         return response
 
     return middleware
