@@ -269,3 +269,49 @@ async def test_cancelling_a_reply_hangs_up_on_the_llm(
         await close_quietly(llm)
     (finished,) = [e for e in events if isinstance(e, ResponseFinished)]
     assert finished.status == "cancelled"
+
+
+class BrokenOutput(Recorder):
+    """An audio output whose writes fail (a track that broke mid-call)."""
+
+    async def write(self, samples: np.ndarray, tag: Any = None) -> None:
+        raise RuntimeError("the track is gone")
+
+
+async def test_a_playback_failure_stops_generation_and_lets_the_reply_close(
+    engine: Engine, peer: ScriptedLlmServer
+) -> None:
+    """The generator must not stay blocked on a queue nobody reads, holding the LLM stream."""
+    assert engine.models is not None
+    api = "chat-completions"
+    sentences = [f"Sentence number {n} is here. " for n in range(8)]
+    peer.add(Script(text_events(api, *sentences), hang_after=len(sentences)))
+    llm = make_llm(api, peer.base_url, read_timeout_s=30)
+    events: list[SessionEvent] = []
+    closed: list[Response] = []
+    response = Response(
+        "resp_1",
+        "item_1",
+        [ChatMessage("user", "Talk, please.")],
+        llm,
+        engine.models.tts,
+        BrokenOutput(),
+        Conversation("", 4),
+        events.append,
+        ReplySettings(60, 0.5),
+    )
+    response.closed_callbacks.append(closed.append)
+    try:
+        response.start()
+        response.commit()
+        waiting = asyncio.ensure_future(response.wait_closed())
+        done, _ = await asyncio.wait({waiting}, timeout=20)
+        waiting.cancel()
+        assert waiting in done, "the reply's tasks never stopped"
+        await asyncio.wait_for(peer.disconnected.wait(), 5)  # the LLM stream was closed
+    finally:
+        await close_quietly(llm)
+    (finished,) = [e for e in events if isinstance(e, ResponseFinished)]
+    assert finished.status == "failed"
+    assert closed == [response]
+    response.cancel("session_closed")  # a no-op now, and never raises

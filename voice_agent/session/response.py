@@ -129,6 +129,7 @@ class Response:
         self._tasks: list[asyncio.Task[None]] = []
         # Called once both of its tasks have stopped.
         self.closed_callbacks: list[Callable[[Response], None]] = []
+        self._closed_reported = False
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -140,7 +141,8 @@ class Response:
             task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        if all(t.done() for t in self._tasks):
+        if all(t.done() for t in self._tasks) and not self._closed_reported:
+            self._closed_reported = True  # both tasks' callbacks may see both done
             for callback in self.closed_callbacks:
                 callback(self)
 
@@ -157,11 +159,12 @@ class Response:
         self.emit(ResponseStarted(self.response_id, self.item_id))
 
     def cancel(self, reason: str) -> None:
-        """Stop now; a committed reply reports what the user heard."""
+        """Stop now; a committed reply reports what the user heard. Whatever
+        the status, no task of it keeps running (a failed reply's generator
+        may still be blocked on the queue nobody reads)."""
+        self._cancel_tasks()
         if self.status != "in_progress":
             return
-        for task in self._tasks:
-            task.cancel()
         self.status = "cancelled"
         if not self.committed:
             return
@@ -170,15 +173,26 @@ class Response:
             self.emit(AssistantAudioCleared(self.response_id))
         self._finish("cancelled", reason)
 
+    def _cancel_tasks(self) -> None:
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current and not task.done():
+                task.cancel()
+
     async def wait_closed(self) -> None:
         """Wait until both tasks have really stopped (after ``cancel``)."""
+        if not self._tasks:
+            return
+        # asyncio.wait, not ``await task``: a caller that is itself cancelled
+        # (a timeout) gets its CancelledError instead of having it swallowed.
+        await asyncio.wait(self._tasks)
         for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            except Exception:
-                log.exception("reply task failed", extra={"response_id": self.response_id})
+            if not task.cancelled() and task.exception() is not None:
+                log.error(
+                    "reply task failed",
+                    exc_info=task.exception(),
+                    extra={"response_id": self.response_id},
+                )
 
     # -- audio feedback from the output track ----------------------------
     def frame_sent(self, tag: PieceTag) -> None:
@@ -359,6 +373,8 @@ class Response:
                 self.emit(SessionError("server_error", f"the reply could not be played: {exc}"))
                 self.status = "failed"
                 self._finish("failed", "error")
+            # Nothing reads the queue any more: stop the generator (and its LLM stream).
+            self._cancel_tasks()
 
     async def _play_committed(self) -> None:
         spoken_any = False
