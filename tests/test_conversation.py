@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import itertools
 
-from voice_agent.backends.base import ChatMessage
+from voice_agent.backends.base import ChatMessage, ToolCall
 from voice_agent.session.conversation import Conversation
 
 
@@ -49,3 +49,24 @@ def test_no_history() -> None:
     conversation = Conversation("", history_turns=0)
     talk(conversation, 3)
     assert conversation.history == []
+
+
+def test_a_tool_result_goes_right_after_its_call() -> None:
+    """Chat Completions refuses anything between a tool_calls message and its results."""
+    conversation = Conversation("", 10)
+    call = ToolCall("call_1", "lookup", "{}")
+    conversation.add_user("Where is my order?")
+    conversation.add(ChatMessage("assistant", "", tool_calls=(call, ToolCall("call_2", "x", "{}"))))
+    conversation.add(ChatMessage("tool", "first", tool_call_id="call_2"))
+    conversation.add_user("Hello?")  # typed while the client was still running the tool
+    assert conversation.has_open_call("call_1") and not conversation.has_open_call("call_2")
+    conversation.add(ChatMessage("tool", "shipped", tool_call_id="call_1"))
+    assert [(m.role, m.content) for m in conversation.history] == [
+        ("user", "Where is my order?"),
+        ("assistant", ""),
+        ("tool", "first"),
+        ("tool", "shipped"),
+        ("user", "Hello?"),
+    ]
+    assert not conversation.has_open_call("call_1")
+    assert not conversation.has_open_call("call_404")

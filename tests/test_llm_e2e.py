@@ -17,6 +17,7 @@ from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
     call_events,
+    chat_text,
     close_quietly,
     closed_port,
     engine_with_llm,
@@ -93,10 +94,14 @@ async def test_a_client_tool_call_is_answered_by_the_client_and_the_answer_spoke
         )
         first = (await asyncio.wait_for(client.wait_for_type("response.done"), 15))["response"]
         assert first["status"] == "completed"
-        call_item = first["output"][-1]
+        # A reply that only calls a function has no (empty) message item.
+        (call_item,) = first["output"]
         assert call_item["type"] == "function_call" and call_item["call_id"] == "call_7"
-        added = [e["item"]["type"] for e in client.of_type("response.output_item.added")]
-        assert "function_call" in added
+        added = [
+            (e["output_index"], e["item"]["type"])
+            for e in client.of_type("response.output_item.added")
+        ]
+        assert added == [(0, "function_call")]
         request = peer.bodies()[0]
         question = {"role": "user", "content": "Where is my order A17?"}
         if api == "chat-completions":
@@ -148,6 +153,72 @@ async def test_a_client_tool_call_is_answered_by_the_client_and_the_answer_spoke
         # The answer was spoken: audible audio came back.
         first_sound = client.received.first_sound_after(asked_at)
         assert first_sound is not None
+        await client.hangup(http)
+        await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+    await close_quietly(llm)
+
+
+async def test_a_client_answering_on_output_item_done_gets_its_next_reply(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    """The OpenAI Agents SDK answers a call as soon as its output_item.done
+    arrives: by then the reply (whose words are still being spoken) must be
+    done, and its items must come in GA order: message (0), then the call (1)."""
+    llm = make_llm(API, peer.base_url)
+    scripted = engine_with_llm(engine, llm, llm_prefill=False)
+    async with conftest.run_server(conftest.test_settings(), scripted) as server:
+        client = RealtimeClient(server.url)
+        await client.connect(http)
+        client.send({"type": "session.update", "session": {"tools": [ORDER_TOOL]}})
+        await asyncio.wait_for(client.wait_for_type("session.updated"), 5)
+        words = chat_text("Let me check that order for you, one moment please. ")[:-1]
+        call = call_events(API, ("call_7", "get_order_status", '{"order_id": "A17"}'))
+        peer.add(Script(words + call), Script(text_events(API, "It has shipped.")))
+        client.send(typed("Where is my order A17?"))
+        client.send({"type": "response.create"})
+        call_done = await asyncio.wait_for(
+            client.wait_for(
+                lambda e: (
+                    e.get("type") == "response.output_item.done"
+                    and e["item"]["type"] == "function_call"
+                )
+            ),
+            20,
+        )
+        mark = len(client.events)
+        client.send(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "function_call_output", "call_id": "call_7", "output": "shipped"},
+            }
+        )
+        client.send({"type": "response.create"})
+        second = await asyncio.wait_for(
+            client.wait_for(
+                lambda e: (
+                    e.get("type") == "response.done"
+                    and e["response"]["id"] != call_done["response_id"]
+                ),
+                after=mark,
+            ),
+            20,
+        )
+        assert second["response"]["status"] == "completed"
+        assert client.of_type("error") == []
+        assert second["response"]["output"][0]["content"][0]["transcript"] == "It has shipped."
+        first_id = call_done["response_id"]
+        outputs = [
+            (e["type"], e["output_index"], e["item"]["type"])
+            for e in client.events
+            if e.get("type", "").startswith("response.output_item.")
+            and e.get("response_id") == first_id
+        ]
+        assert outputs == [
+            ("response.output_item.added", 0, "message"),
+            ("response.output_item.done", 0, "message"),
+            ("response.output_item.added", 1, "function_call"),
+            ("response.output_item.done", 1, "function_call"),
+        ]
         await client.hangup(http)
         await asyncio.wait_for(server.calls.wait_for_count(0), 5)
     await close_quietly(llm)

@@ -15,6 +15,7 @@ from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
     call_events,
+    chat_text,
     close_quietly,
     make_llm,
     scripted_llm_server,
@@ -30,7 +31,7 @@ from voice_agent.session.events import (
     SessionError,
     SessionEvent,
 )
-from voice_agent.session.response import ReplySettings, Response
+from voice_agent.session.response import OUTPUT_FRAME_SAMPLES, PieceTag, ReplySettings, Response
 from voice_agent.session.tools import ToolRegistry
 
 APIS = ["chat-completions", "responses"]
@@ -315,3 +316,99 @@ async def test_a_playback_failure_stops_generation_and_lets_the_reply_close(
     assert finished.status == "failed"
     assert closed == [response]
     response.cancel("session_closed")  # a no-op now, and never raises
+
+
+class PlayingOutput(Recorder):
+    """Counts every written frame as played at once, then holds the reply in
+    ``drain`` (audio still playing) until it is cancelled: a barge-in window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.response: Response | None = None
+        self.draining = asyncio.Event()
+
+    async def write(self, samples: np.ndarray, tag: Any = None) -> None:
+        await super().write(samples, tag)
+        assert self.response is not None and isinstance(tag, PieceTag)
+        for _ in range(-(-samples.size // OUTPUT_FRAME_SAMPLES)):
+            self.response.frame_sent(tag)
+
+    async def drain(self) -> None:
+        self.draining.set()
+        await asyncio.Event().wait()
+
+
+async def barge_in_while_draining(
+    engine: Engine,
+    peer: ScriptedLlmServer,
+    tools: list[ToolSpec],
+    server_tools: ToolRegistry | None = None,
+) -> tuple[list[SessionEvent], Conversation]:
+    """A reply cut off by the user after every word was spoken, before its audio ended."""
+    assert engine.models is not None
+    llm = make_llm("chat-completions", peer.base_url, retries=1)
+    events: list[SessionEvent] = []
+    conversation = Conversation("", 4)
+    conversation.add_user("Where is my order?")
+    output = PlayingOutput()
+    response = Response(
+        "resp_1",
+        "item_1",
+        conversation.messages_for(None),
+        llm,
+        engine.models.tts,
+        output,
+        conversation,
+        events.append,
+        ReplySettings(60, 0.5, apology=APOLOGY),
+        tools=tools,
+        server_tools=server_tools,
+    )
+    output.response = response
+    try:
+        response.start()
+        response.commit()
+        await asyncio.wait_for(output.draining.wait(), 20)
+        response.cancel("turn_detected")
+        await response.wait_closed()
+    finally:
+        await close_quietly(llm)
+    return events, conversation
+
+
+def words_then_call(words: str, call: tuple[str, str, str]) -> list[dict[str, Any]]:
+    return chat_text(words)[:-1] + call_events("chat-completions", call)
+
+
+async def test_a_barge_in_keeps_a_server_tool_round_that_ran(
+    engine: Engine, peer: ScriptedLlmServer, tools: ToolRegistry
+) -> None:
+    """The model must learn that the tool ran; the cut-off round adds only its own words."""
+    call = ("call_1", "get_weather", '{"city": "Paris"}')
+    peer.add(
+        Script(words_then_call("Let me look.", call)),
+        Script(text_events("chat-completions", "It is sunny in Paris.")),
+    )
+    events, conversation = await barge_in_while_draining(engine, peer, tools.specs, tools)
+    (finished,) = [e for e in events if isinstance(e, ResponseFinished)]
+    assert finished.status == "cancelled"
+    assert conversation.history == [
+        ChatMessage("user", "Where is my order?"),
+        ChatMessage("assistant", "Let me look.", tool_calls=(ToolCall(*call),)),
+        ChatMessage("tool", "sunny in Paris, 24 degrees celsius", tool_call_id="call_1"),
+        ChatMessage("assistant", "It is sunny in Paris."),
+    ]
+
+
+async def test_a_barge_in_before_a_client_call_is_handed_over_records_no_call(
+    engine: Engine, peer: ScriptedLlmServer
+) -> None:
+    """Only the words heard, once: no call the client never got (it could never answer it)."""
+    lookup = ToolSpec("lookup_order", "Find an order.", {"type": "object", "properties": {}})
+    peer.add(Script(words_then_call("Let me check.", ("call_9", "lookup_order", "{}"))))
+    events, conversation = await barge_in_while_draining(engine, peer, [lookup])
+    assert not [e for e in events if isinstance(e, FunctionCallRequested)]
+    assert conversation.history == [
+        ChatMessage("user", "Where is my order?"),
+        ChatMessage("assistant", "Let me check."),
+    ]

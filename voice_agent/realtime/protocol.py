@@ -66,8 +66,11 @@ class RealtimeProtocol:
         # Items in the order the client was told about them.
         self._last_item_id: str | None = None
         self._previous: dict[str, str | None] = {}  # item_id -> the item before it
-        # response_id -> function_call items it produced (for response.done).
-        self._calls: dict[str, list[JsonDict]] = {}
+        # response_id -> its function calls, told with (just before) response.done.
+        self._calls: dict[str, list[FunctionCallRequested]] = {}
+        # Responses whose message item (output 0) the client has been told about:
+        # announced with the first words, so a call-only reply has none.
+        self._announced: set[str] = set()
         self._tools_json: list[JsonDict] = []
 
     def _place_item(self, item_id: str) -> str | None:
@@ -215,40 +218,18 @@ class RealtimeProtocol:
             ]
         if isinstance(event, ResponseStarted):
             self._transcripts[event.response_id] = ""
-            previous = self._place_item(event.item_id)
-            ref = {
-                "response_id": event.response_id,
-                "item_id": event.item_id,
-                "output_index": 0,
-                "content_index": 0,
-            }
             return [
                 {
                     "type": "response.created",
                     "response": self._response_object(event.response_id, "in_progress"),
-                },
-                {
-                    "type": "response.output_item.added",
-                    "response_id": event.response_id,
-                    "output_index": 0,
-                    "item": self._assistant_item(event.item_id, "in_progress", None),
-                },
-                {
-                    "type": "conversation.item.added",
-                    "previous_item_id": previous,
-                    "item": self._assistant_item(event.item_id, "in_progress", None),
-                },
-                {
-                    "type": "response.content_part.added",
-                    **ref,
-                    "part": {"type": "audio", "transcript": ""},
-                },
+                }
             ]
         if isinstance(event, AssistantTextDelta):
             self._transcripts[event.response_id] = (
                 self._transcripts.get(event.response_id, "") + event.delta
             )
             return [
+                *self._announce_message(event.response_id, event.item_id),
                 {
                     "type": "response.output_audio_transcript.delta",
                     "response_id": event.response_id,
@@ -256,7 +237,7 @@ class RealtimeProtocol:
                     "output_index": 0,
                     "content_index": 0,
                     "delta": event.delta,
-                }
+                },
             ]
         if isinstance(event, AssistantAudioStarted):
             return [{"type": "output_audio_buffer.started", "response_id": event.response_id}]
@@ -272,17 +253,66 @@ class RealtimeProtocol:
             return [self._error("server_error", event.code, event.message)]
         raise AssertionError(f"unhandled session event {event!r}")
 
+    def _announce_message(self, response_id: str, item_id: str) -> list[JsonDict]:
+        """The reply's message item, output 0, the first time it is needed."""
+        if response_id in self._announced:
+            return []
+        self._announced.add(response_id)
+        previous = self._place_item(item_id)
+        ref = {
+            "response_id": response_id,
+            "item_id": item_id,
+            "output_index": 0,
+            "content_index": 0,
+        }
+        return [
+            {
+                "type": "response.output_item.added",
+                "response_id": response_id,
+                "output_index": 0,
+                "item": self._assistant_item(item_id, "in_progress", None),
+            },
+            {
+                "type": "conversation.item.added",
+                "previous_item_id": previous,
+                "item": self._assistant_item(item_id, "in_progress", None),
+            },
+            {
+                "type": "response.content_part.added",
+                **ref,
+                "part": {"type": "audio", "transcript": ""},
+            },
+        ]
+
     def _function_call(self, event: FunctionCallRequested) -> list[JsonDict]:
-        calls = self._calls.setdefault(event.response_id, [])
-        calls.append(tool_items.function_call_item(event, "completed"))
-        previous = self._place_item(event.item_id)
-        self._previous.pop(event.item_id, None)
-        # After the response's (spoken) message item, which is output 0.
-        return tool_items.function_call_events(event, len(calls), previous)
+        # Told after the message item is done (GA order); the session hands
+        # calls over right before the reply finishes.
+        self._calls.setdefault(event.response_id, []).append(event)
+        return []
+
+    def _call_events(self, calls: list[FunctionCallRequested], first: int) -> list[JsonDict]:
+        events: list[JsonDict] = []
+        for index, call in enumerate(calls, start=first):
+            previous = self._place_item(call.item_id)
+            self._previous.pop(call.item_id, None)
+            events += tool_items.function_call_events(call, index, previous)
+        return events
 
     def _response_finished(self, event: ResponseFinished) -> list[JsonDict]:
         self._transcripts.pop(event.response_id, None)
         calls = self._calls.pop(event.response_id, [])
+        call_items = [tool_items.function_call_item(c, "completed") for c in calls]
+        # A reply that only called functions has no message item.
+        if calls and event.response_id not in self._announced:
+            response = self._response_object(event.response_id, event.status, output=call_items)
+            response["status_details"] = self._status_details(event)
+            response["metadata"] = self._metadata(event)
+            return [
+                *self._call_events(calls, 0),
+                {"type": "response.done", "response": response},
+            ]
+        announce = self._announce_message(event.response_id, event.item_id)
+        self._announced.discard(event.response_id)
         ref = {
             "response_id": event.response_id,
             "item_id": event.item_id,
@@ -291,22 +321,15 @@ class RealtimeProtocol:
         }
         item_status = "completed" if event.status == "completed" else "incomplete"
         item = self._assistant_item(event.item_id, item_status, event.transcript)
-        details: JsonDict | None = None
-        if event.status == "cancelled":
-            reason = _CANCEL_REASONS.get(event.reason or "", "turn_detected")
-            details = {"type": "cancelled", "reason": reason}
-        elif event.status == "failed":
-            details = {"type": "failed", "error": {"type": "server_error", "code": event.reason}}
-        metadata = None
-        if event.metrics is not None:
-            # Metadata values are strings in the Realtime schema.
-            metadata = {k: str(v) for k, v in event.metrics.spans().items() if v is not None}
-            metadata["speculative"] = str(event.metrics.speculative).lower()
         response = self._response_object(
-            event.response_id, event.status, output=[item, *calls], metadata=metadata
+            event.response_id,
+            event.status,
+            output=[item, *call_items],
+            metadata=self._metadata(event),
         )
-        response["status_details"] = details
+        response["status_details"] = self._status_details(event)
         return [
+            *announce,
             {"type": "response.output_audio.done", **ref},
             {
                 "type": "response.output_audio_transcript.done",
@@ -329,8 +352,25 @@ class RealtimeProtocol:
                 "previous_item_id": self._previous.pop(event.item_id, None),
                 "item": item,
             },
+            *self._call_events(calls, 1),
             {"type": "response.done", "response": response},
         ]
+
+    def _status_details(self, event: ResponseFinished) -> JsonDict | None:
+        if event.status == "cancelled":
+            reason = _CANCEL_REASONS.get(event.reason or "", "turn_detected")
+            return {"type": "cancelled", "reason": reason}
+        if event.status == "failed":
+            return {"type": "failed", "error": {"type": "server_error", "code": event.reason}}
+        return None
+
+    def _metadata(self, event: ResponseFinished) -> dict[str, str] | None:
+        if event.metrics is None:
+            return None
+        # Metadata values are strings in the Realtime schema.
+        metadata = {k: str(v) for k, v in event.metrics.spans().items() if v is not None}
+        metadata["speculative"] = str(event.metrics.speculative).lower()
+        return metadata
 
     def _error(
         self,

@@ -31,8 +31,34 @@ class Conversation:
         return [*system, *self._history, *user]
 
     def add(self, message: ChatMessage) -> None:
-        """Any message: an assistant tool call, a tool result, typed user text."""
-        self._append(message)
+        """Any message: an assistant tool call, a tool result, typed user text.
+        A tool result goes right after its call (and the call's earlier
+        results), wherever later turns have been added: Chat Completions
+        refuses a history where anything else comes between them."""
+        at = self._result_position(message) if message.role == "tool" else None
+        if at is None:
+            self._append(message)
+        else:
+            self._history.insert(at, message)
+            self._trim()
+
+    def _result_position(self, result: ChatMessage) -> int | None:
+        for index in range(len(self._history) - 1, -1, -1):
+            calls = self._history[index].tool_calls
+            if any(call.call_id == result.tool_call_id for call in calls):
+                at = index + 1
+                while at < len(self._history) and self._history[at].role == "tool":
+                    at += 1
+                return at
+        return None
+
+    def has_open_call(self, call_id: str) -> bool:
+        """A tool call in the history that has no result yet."""
+        called = any(
+            call.call_id == call_id for message in self._history for call in message.tool_calls
+        )
+        answered = any(m.role == "tool" and m.tool_call_id == call_id for m in self._history)
+        return called and not answered
 
     def add_user(self, text: str) -> None:
         self._append(ChatMessage("user", text))
@@ -44,6 +70,9 @@ class Conversation:
 
     def _append(self, message: ChatMessage) -> None:
         self._history.append(message)
+        self._trim()
+
+    def _trim(self) -> None:
         limit = self.history_turns * 2
         if len(self._history) > limit:
             keep = self.history_turns  # half the window, in messages

@@ -124,8 +124,13 @@ class Response:
         self._error_code = "llm_error"
         self._final_text = ""  # what the model generated in its last round
         self._next_index = 0  # of the next piece
-        # Tool calls and their results, for the history of a completed reply.
+        # Tool-call messages with the results of the calls that ran, for the
+        # history; pieces before ``_covered_pieces`` spoke text that is inside them.
         self._exchange: list[ChatMessage] = []
+        self._covered_pieces = 0
+        # The last round's client calls, recorded once handed to the client:
+        # (the whole exchange, the part of it that ran on the server, its piece boundary).
+        self._client_round: tuple[list[ChatMessage], list[ChatMessage], int] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Called once both of its tasks have stopped.
         self.closed_callbacks: list[Callable[[Response], None]] = []
@@ -204,11 +209,11 @@ class Response:
         if piece is not None:
             piece.frames_played += 1
 
-    def heard_text(self) -> str:
+    def heard_text(self, first: int = 0) -> str:
         """Whole pieces that were played, plus the played share of the words
-        of the piece that was cut off."""
+        of the piece that was cut off (of the pieces from index ``first``)."""
         words: list[str] = []
-        for index in sorted(self._pieces):
+        for index in sorted(i for i in self._pieces if i >= first):
             piece = self._pieces[index]
             if piece.frames_played >= piece.frames_expected:
                 words.extend(piece.text.split())
@@ -288,19 +293,29 @@ class Response:
                 return
             call_message = ChatMessage("assistant", text, tool_calls=(*server_calls, *client_calls))
             messages.append(call_message)
-            self._exchange.append(call_message)
+            results: list[ChatMessage] = []
             if server_calls and registry is not None:
                 # Tools may act on the world: only for a reply that is really given.
                 await self._committed.wait()
-                results = await asyncio.gather(*(registry.call(c) for c in server_calls))
-                for call, result in zip(server_calls, results, strict=True):
+                outputs = await asyncio.gather(*(registry.call(c) for c in server_calls))
+                for call, output in zip(server_calls, outputs, strict=True):
                     log.info(
                         "tool called", extra={"response_id": self.response_id, "tool": call.name}
                     )
-                    result_message = ChatMessage("tool", result, tool_call_id=call.call_id)
-                    messages.append(result_message)
-                    self._exchange.append(result_message)
-            if client_calls:
+                    results.append(ChatMessage("tool", output, tool_call_id=call.call_id))
+                messages.extend(results)
+            if not client_calls:
+                # This round ran in full: even a reply cut off later keeps it,
+                # so the model knows a tool acted.
+                self._exchange += [call_message, *results]
+                self._covered_pieces = self._next_index
+            else:
+                ran = [ChatMessage("assistant", text, tool_calls=tuple(server_calls))]
+                self._client_round = (
+                    [call_message, *results],
+                    [*ran, *results] if server_calls else [],
+                    self._next_index,
+                )
                 for c in client_calls:
                     request = FunctionCallRequested(
                         self.response_id, new_id("item"), c.call_id, c.name, c.arguments
@@ -379,11 +394,10 @@ class Response:
     async def _play_committed(self) -> None:
         spoken_any = False
         written = 0
+        calls: list[FunctionCallRequested] = []
         while (piece := await self._queue.get()) is not None:
             if isinstance(piece, FunctionCallRequested):
-                # The client may answer at once: its result must follow the call.
-                self._record_exchange()
-                self.emit(piece)
+                calls.append(piece)
                 continue
             if piece.text:
                 delta = piece.text if not spoken_any else " " + piece.text
@@ -398,6 +412,10 @@ class Response:
         await self.output.drain()
         if self._audio_started:
             self.emit(AssistantAudioStopped(self.response_id))
+        if calls:
+            # Handed over only now, right before the reply ends: a client that
+            # answers at once (and asks for the next reply) finds this one done.
+            self._give_calls(calls)
         if self._error is not None:
             self.emit(
                 SessionError(self._error_code, f"the reply could not be generated: {self._error}")
@@ -407,6 +425,17 @@ class Response:
         else:
             self.status = "completed"
             self._finish("completed", None)
+
+    def _give_calls(self, calls: list[FunctionCallRequested]) -> None:
+        assert self._client_round is not None
+        whole, _, covered = self._client_round
+        self._client_round = None
+        self._exchange += whole
+        self._covered_pieces = covered
+        # The client may answer at once: its result must follow the call.
+        self._record_exchange()
+        for call in calls:
+            self.emit(call)
 
     def _record_exchange(self) -> None:
         for message in self._exchange:
@@ -425,7 +454,17 @@ class Response:
             self._record_exchange()
             self.conversation.add_assistant(self._final_text.strip())
         else:
-            self.conversation.add_assistant(heard)
+            # The rounds that ran stay (a tool may have acted), client calls
+            # only if the client was given them; then the words heard of the
+            # round in progress, never text a tool-call message already holds.
+            if self._client_round is not None:
+                _, ran, covered = self._client_round
+                self._client_round = None
+                if ran:
+                    self._exchange += ran
+                    self._covered_pieces = covered
+            self._record_exchange()
+            self.conversation.add_assistant(self.heard_text(self._covered_pieces))
         self.emit(
             ResponseFinished(self.response_id, self.item_id, status, reason, heard, self.metrics)
         )
