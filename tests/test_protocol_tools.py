@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from voice_agent.backends.base import ChatMessage, ToolSpec
+from voice_agent.backends.base import ChatMessage, ToolCall, ToolSpec
 from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.outbound import PacedAudioTrack
@@ -84,6 +84,9 @@ async def test_typed_messages_and_tool_outputs_join_the_conversation(wire: Wire)
             },
         },
     )
+    # The model called get_time (a reply handed the call to the client).
+    call = ChatMessage("assistant", "", tool_calls=(ToolCall("call_1", "get_time", "{}"),))
+    protocol.session.conversation.add(call)
     send(
         protocol,
         {
@@ -96,6 +99,31 @@ async def test_typed_messages_and_tool_outputs_join_the_conversation(wire: Wire)
     assert sent[2]["previous_item_id"] == sent[0]["item"]["id"]
     assert protocol.session.conversation.history == [
         ChatMessage("user", "What time is it?"),
+        call,
+        ChatMessage("tool", "noon", tool_call_id="call_1"),
+    ]
+
+
+async def test_an_output_for_a_call_never_made_or_already_answered_is_refused(
+    wire: Wire,
+) -> None:
+    """An orphan tool message would make every later chat request a 400."""
+    protocol, sent = wire
+    call = ChatMessage("assistant", "", tool_calls=(ToolCall("call_1", "get_time", "{}"),))
+    protocol.session.conversation.add(call)
+    for call_id in ("call_404", "call_1", "call_1"):
+        send(
+            protocol,
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "function_call_output", "call_id": call_id, "output": "noon"},
+            },
+        )
+    errors = [e["error"] for e in sent if e["type"] == "error"]
+    assert [(e["code"], e["param"]) for e in errors] == [("invalid_value", "item.call_id")] * 2
+    assert "call_404" in errors[0]["message"]
+    assert protocol.session.conversation.history == [
+        call,
         ChatMessage("tool", "noon", tool_call_id="call_1"),
     ]
 

@@ -507,7 +507,12 @@ class RealtimeProtocol:
         """A typed user message or a function call's result joins the conversation."""
         item = tool_items.parse_item(event.get("item"), new_id("item"))
         if isinstance(item, tool_items.FunctionOutput):
-            self.session.add_function_output(item.call_id, item.output)
+            if not self.session.add_function_output(item.call_id, item.output):
+                raise ClientEventError(
+                    "invalid_value",
+                    f"no function call {item.call_id!r} is waiting for its output",
+                    "item.call_id",
+                )
         else:
             self.session.add_user_text(item.text)
         previous = self._place_item(item.item_id)

@@ -118,6 +118,8 @@ class VoiceSession:
         # Functions the client declared (session.update): it runs them itself.
         self.client_tools: list[ToolSpec] = []
         self.tool_choice: ToolChoice = "auto"
+        # Typed messages that arrived while a reply was being given.
+        self._held_texts: list[str] = []
 
     # -- audio in ------------------------------------------------------------
     def push_audio(self, samples: np.ndarray) -> None:
@@ -322,6 +324,10 @@ class VoiceSession:
             log.debug("prefill failed", exc_info=True, extra={"session": self.id})
 
     def _on_response_finished(self, response: Response) -> None:
+        if response is self._response:
+            held, self._held_texts = self._held_texts, []
+            for text in held:
+                self.conversation.add_user(text)
         self.prefill_next_turn()
         spans = response.metrics.spans()
         log.info(
@@ -368,12 +374,22 @@ class VoiceSession:
             self.config.reply = dataclasses.replace(self.config.reply, max_tokens=max_output_tokens)
 
     def add_user_text(self, text: str) -> None:
-        """A typed user message (``conversation.item.create``); no reply by itself."""
-        self.conversation.add_user(text)
+        """A typed user message (``conversation.item.create``); no reply by
+        itself. While a reply is being given it waits for that reply's own
+        message, which joins the history only when the reply ends."""
+        if self._response is not None and self._response.status == "in_progress":
+            self._held_texts.append(text)
+        else:
+            self.conversation.add_user(text)
 
-    def add_function_output(self, call_id: str, output: str) -> None:
-        """The client's result for a function call it was asked to run."""
+    def add_function_output(self, call_id: str, output: str) -> bool:
+        """The client's result for a function call it was asked to run; False
+        (nothing added) unless that call was made and is still unanswered:
+        an orphan result would make every later LLM request invalid."""
+        if not self.conversation.has_open_call(call_id):
+            return False
         self.conversation.add(ChatMessage("tool", output, tool_call_id=call_id))
+        return True
 
     def create_response(
         self, instructions: str | None = None, max_output_tokens: int | None = None
