@@ -224,6 +224,38 @@ async def test_a_client_answering_on_output_item_done_gets_its_next_reply(
     await close_quietly(llm)
 
 
+async def test_a_message_typed_during_a_reply_follows_that_reply_in_the_history(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    llm = make_llm(API, peer.base_url)
+    scripted = engine_with_llm(engine, llm, llm_prefill=False)
+    async with conftest.run_server(conftest.test_settings(), scripted) as server:
+        client = RealtimeClient(server.url)
+        await client.connect(http)
+        peer.add(
+            Script(text_events(API, "Paris is the capital of France, on the Seine.")),
+            Script(text_events(API, "About two million people.")),
+        )
+        client.send(typed("Tell me about Paris."))
+        client.send({"type": "response.create"})
+        await asyncio.wait_for(client.wait_for_type("output_audio_buffer.started"), 20)
+        client.send(typed("How many people live there?"))  # while the reply is spoken
+        first = await asyncio.wait_for(client.wait_for_type("response.done"), 20)
+        assert first["response"]["status"] == "completed"
+        mark = len(client.events)
+        client.send({"type": "response.create"})
+        await asyncio.wait_for(client.wait_for_type("response.done", after=mark), 20)
+        history = [(m["role"], m["content"]) for m in peer.bodies()[1]["messages"][1:]]
+        assert history == [
+            ("user", "Tell me about Paris."),
+            ("assistant", "Paris is the capital of France, on the Seine."),
+            ("user", "How many people live there?"),
+        ]
+        await client.hangup(http)
+        await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+    await close_quietly(llm)
+
+
 async def test_a_dead_llm_endpoint_gets_an_error_and_a_spoken_apology(
     engine: Engine, http: aiohttp.ClientSession
 ) -> None:

@@ -152,7 +152,8 @@ export declare class VoiceAgent {
   interrupt(): void;
   /** Resolves with the session the server now has (`session.updated`). */
   updateSession(options: SessionOptions): Promise<Record<string, unknown>>;
-  /** A typed user message (`conversation.item.create` + `response.create`). */
+  /** A typed user message (`conversation.item.create` + `response.create`); a reply in
+   * progress is cancelled first (`response.cancel`), as speaking over it would. */
   sendText(text: string): void;
   /** Send any Realtime client event. */
   send(event: RealtimeClientEvent): void;

@@ -606,9 +606,12 @@ export class VoiceAgent {
     });
   }
 
-  /** Send a typed user message and ask for a reply. */
+  /** Send a typed user message and ask for a reply (cancelling the reply in progress, if any). */
   sendText(text) {
     const events = userTextEvents(text);
+    // The server refuses a second response.create while a reply is active:
+    // a typed message interrupts that reply, as speaking over it would.
+    if (this.tracker.activeResponseId) this.send({ type: 'response.cancel', event_id: eventId() });
     for (const event of events) this.send(event);
     this.tracker.textSent();
   }

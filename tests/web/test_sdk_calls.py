@@ -426,3 +426,33 @@ async def test_typed_text_gets_a_spoken_answer(
         await page.evaluate("window.agent.disconnect()")
         assert console_errors == []
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_text_typed_during_a_reply_interrupts_it_and_is_answered(
+    playwright: Playwright, server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """The server allows one active reply: sendText cancels it rather than be refused."""
+    server = await server_factory(llm_max_tokens=120)
+    wav = write_capture_wav(tmp_path / "silence.wav", silence(5.0), RATE)
+    async with chromium(playwright, capture_wav=wav) as browser:
+        page, console_errors = await new_page(browser, server.url + "/")
+        result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {}])
+        assert result["ok"] is True
+        await page.evaluate(
+            """() => {
+                 window.done = [];
+                 window.agent.on('assistantdone', (d) => window.done.push(d));
+                 window.agent.sendText('Tell me a long, detailed story of at least five sentences.');
+               }"""
+        )
+        await page.wait_for_function("window.agent.state === 'speaking'", timeout=60_000)
+        await page.evaluate("window.agent.sendText('Now just say hello.')")
+        await page.wait_for_function("window.done.length === 2", timeout=60_000)
+        first, second = await page.evaluate("window.done")
+        assert first["status"] == "cancelled", first
+        assert second["status"] == "completed" and second["text"].strip(), second
+        events = await page.evaluate("window.agent.events")
+        assert [e for e in events if e["type"] == "error"] == []
+        await page.evaluate("window.agent.disconnect()")
+        assert console_errors == []
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
