@@ -37,6 +37,8 @@ class Script:
     drop_after: int | None = None  # cut the TCP connection after this many events
     done: bool = True  # end with ``data: [DONE]``
     interval_s: float = 0.0  # pause between events, as a model generating tokens
+    raw: bytes | None = None  # a body sent verbatim instead of the events
+    content_type: str = "text/event-stream"
 
 
 class ScriptedLlmServer:
@@ -89,8 +91,12 @@ class ScriptedLlmServer:
         if script.status != 200:
             body = {"error": {"message": f"scripted failure {script.status}", "type": "x"}}
             return web.json_response(body, status=script.status)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response = web.StreamResponse(headers={"Content-Type": script.content_type})
         await response.prepare(request)
+        if script.raw is not None:
+            await response.write(script.raw)
+            await response.write_eof()
+            return response
         for index, event in enumerate(script.events):
             if index == script.drop_after:
                 assert request.transport is not None

@@ -236,3 +236,49 @@ async def test_an_unreachable_endpoint_is_a_clear_error() -> None:
         await collect("chat-completions", url, retries=1)
     assert error.value.code == "unreachable"
     assert url in str(error.value)
+
+
+LLAMA_CONTEXT_ERROR = (
+    b'error: {"code": 400, "message": "the request exceeds the available context size",'
+    b' "type": "exceed_context_size_error"}\n\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("script", "code", "words"),
+    [
+        # llama.cpp's server reports mid-stream failures on an ``error:`` line.
+        (Script(raw=LLAMA_CONTEXT_ERROR), "stream_error", "exceeds the available context"),
+        (
+            Script(raw=b'data: {"error": {"message": "model overloaded"}}\n\n'),
+            "stream_error",
+            "model overloaded",
+        ),
+        # A server that ignored "stream": true, or a proxy's HTML page.
+        (
+            Script(
+                raw=b'{"choices": [{"message": {"content": "Hi"}}]}',
+                content_type="application/json",
+            ),
+            "bad_stream",
+            "application/json",
+        ),
+        (
+            Script(raw=b"<html>Bad gateway</html>", content_type="text/html"),
+            "bad_stream",
+            "Bad gateway",
+        ),
+        # A payload cut off without its blank line.
+        (Script(raw=b'data: {"choices": [{"delta"'), "bad_stream", "invalid JSON"),
+        (Script(raw=b"data: " + b"x" * 1_000_000 + b"\n\n"), "bad_stream", "size limit"),
+        (Script(raw=b"data: \xff\xfe\n\n"), "bad_stream", "UTF-8"),
+    ],
+)
+async def test_a_stream_that_is_not_a_good_event_stream_is_a_clear_error(
+    peer: ScriptedLlmServer, script: Script, code: str, words: str
+) -> None:
+    peer.add(script)
+    with pytest.raises(LlmError) as error:
+        await collect("chat-completions", peer.base_url)
+    assert error.value.code == code and words in str(error.value), error.value
+    assert len(peer.requests) == 1  # not retried: the same request would fail again

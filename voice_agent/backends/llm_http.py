@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 
 from voice_agent.backends.base import LlmError, ToolCall
 
@@ -57,29 +58,59 @@ class _Retryable(Exception):
 
 
 async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The JSON payloads of a text/event-stream body, until ``[DONE]`` or EOF."""
+    """The JSON payloads of a text/event-stream body, until ``[DONE]`` or EOF.
+    Errors the stream reports (an ``error:`` field, as llama.cpp's server
+    sends when the prompt exceeds its context, or an ``{"error": ...}``
+    payload) and bodies that are not event streams raise ``LlmError``."""
+    content_type = response.headers.get("Content-Type", "")
+    if not content_type.lower().startswith("text/event-stream"):
+        # JSON (a server that ignored "stream": true), an HTML error page...
+        text = (await response.text(errors="replace"))[:MAX_ERROR_BODY]
+        raise LlmError(
+            "bad_stream",
+            f"the LLM endpoint answered {content_type or 'no content type'}, "
+            f"not an event stream: {_error_message(text)}",
+        )
     data: list[str] = []
-    async for raw in response.content:
-        line = raw.decode("utf-8").rstrip("\r\n")
-        if line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-            continue
-        if line or not data:
-            continue  # "event:", "id:", comments; or a blank line without data
-        payload, data = "\n".join(data), []
-        if payload == "[DONE]":
-            return
-        try:
-            event = json.loads(payload)
-        except ValueError:
-            message = f"the endpoint sent invalid JSON: {payload[:200]}"
-            raise LlmError("bad_stream", message) from None
-        if isinstance(event, dict):
-            yield event
+    try:
+        async for raw in response.content:
+            line = raw.decode("utf-8").rstrip("\r\n")
+            if line.startswith("error:"):
+                message = _error_message(line[6:].strip())
+                raise LlmError("stream_error", f"the LLM reported an error: {message}")
+            if line.startswith("data:"):
+                data.append(line[5:].removeprefix(" "))
+                continue
+            if line or not data:
+                continue  # "event:", "id:", comments; or a blank line without data
+            payload, data = "\n".join(data), []
+            if payload == "[DONE]":
+                return
+            event = _event(payload)
+            if event is not None:
+                yield event
+    except LineTooLong:
+        raise LlmError("bad_stream", "the LLM stream sent a line over the size limit") from None
+    except UnicodeDecodeError:
+        raise LlmError("bad_stream", "the LLM stream is not UTF-8") from None
     if data and data != ["[DONE]"]:
-        event = json.loads("\n".join(data))
-        if isinstance(event, dict):
+        event = _event("\n".join(data))
+        if event is not None:
             yield event
+
+
+def _event(payload: str) -> dict[str, Any] | None:
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        message = f"the endpoint sent invalid JSON: {payload[:200]}"
+        raise LlmError("bad_stream", message) from None
+    if not isinstance(event, dict):
+        return None
+    if event.get("error") and "type" not in event:
+        # Typed events ("error", "response.failed") are the parser's to read.
+        raise LlmError("stream_error", f"the LLM reported an error: {_error_message(payload)}")
+    return event
 
 
 class HttpLlmClient:
