@@ -158,10 +158,13 @@ async def test_tool_rounds_stop_at_the_step_limit(
     call = ("call_1", "get_weather", '{"city": "Paris"}')
     again = ("call_2", "get_weather", '{"city": "Rome"}')
     peer.add(Script(call_events(api, call)), Script(call_events(api, again)))
-    finished, _, conversation, _ = await reply(
+    finished, events, conversation, _ = await reply(
         engine, api, peer, server_tools=tools, max_tool_steps=2
     )
-    assert finished.status == "completed"
+    # The model ignored tool_choice "none" and said nothing: not a silent success.
+    assert finished.status == "failed" and finished.reason == "tool_step_limit"
+    assert [e.code for e in events if isinstance(e, SessionError)] == ["tool_step_limit"]
+    assert spoken(events) == APOLOGY
     bodies = peer.bodies()
     assert len(bodies) == 2
     assert bodies[0]["tool_choice"] == "auto"
@@ -412,3 +415,31 @@ async def test_a_barge_in_before_a_client_call_is_handed_over_records_no_call(
         ChatMessage("user", "Where is my order?"),
         ChatMessage("assistant", "Let me check."),
     ]
+
+
+@pytest.mark.parametrize("max_tool_steps", [1, 2])
+async def test_words_before_the_step_limit_are_a_completed_reply(
+    engine: Engine, peer: ScriptedLlmServer, tools: ToolRegistry, max_tool_steps: int
+) -> None:
+    api = "chat-completions"
+    first = ("call_1", "get_weather", '{"city": "Paris"}')
+    last = ("call_2", "get_weather", '{"city": "Rome"}')
+    rounds = [Script(call_events(api, first))] if max_tool_steps == 2 else []
+    peer.add(*rounds, Script(words_then_call("It is sunny in Paris.", last)))
+    finished, events, _, _ = await reply(
+        engine, api, peer, server_tools=tools, max_tool_steps=max_tool_steps
+    )
+    assert finished.status == "completed"
+    assert spoken(events) == "It is sunny in Paris."
+    assert len(peer.requests) == max_tool_steps
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_an_empty_reply_is_apologised_for(
+    engine: Engine, api: str, peer: ScriptedLlmServer
+) -> None:
+    """No text and no call (or only hidden thinking): silence would leave the user waiting."""
+    peer.add(Script(text_events(api, "<think>Hmm.</think>")))
+    finished, events, _, _ = await reply(engine, api, peer)
+    assert finished.status == "failed" and finished.reason == "empty_reply"
+    assert spoken(events) == APOLOGY

@@ -288,7 +288,15 @@ class Response:
                     extra={"response_id": self.response_id, "steps": steps},
                 )
                 server_calls = []  # never run: no round is left to read their results
+                if not client_calls and not self._spoke():
+                    raise LlmError(
+                        "tool_step_limit",
+                        f"the model still called tools after {steps} rounds and said nothing",
+                    )
             if not server_calls and not client_calls:
+                if not self._spoke():
+                    # Silence and no error would leave the user waiting: apologise.
+                    raise LlmError("empty_reply", "the LLM returned an empty reply")
                 self._final_text = text
                 return
             call_message = ChatMessage("assistant", text, tool_calls=(*server_calls, *client_calls))
@@ -322,6 +330,9 @@ class Response:
                     )
                     await self._queue.put(request)
                 return
+
+    def _spoke(self) -> bool:
+        return any(piece.text for piece in self._pieces.values())
 
     async def _one_round(
         self, messages: list[ChatMessage], choice: ToolChoice
