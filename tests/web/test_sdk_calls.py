@@ -442,7 +442,7 @@ async def test_text_typed_during_a_reply_interrupts_it_and_is_answered(
             """() => {
                  window.done = [];
                  window.agent.on('assistantdone', (d) => window.done.push(d));
-                 window.agent.sendText('Tell me a long, detailed story of at least five sentences.');
+                 window.agent.sendText('Tell me a long story of at least five sentences.');
                }"""
         )
         await page.wait_for_function("window.agent.state === 'speaking'", timeout=60_000)
