@@ -15,6 +15,7 @@ from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
     call_events,
+    chat_chunk,
     closed_port,
     make_llm,
     scripted_llm_server,
@@ -282,3 +283,34 @@ async def test_a_stream_that_is_not_a_good_event_stream_is_a_clear_error(
         await collect("chat-completions", peer.base_url)
     assert error.value.code == code and words in str(error.value), error.value
     assert len(peer.requests) == 1  # not retried: the same request would fail again
+
+
+def slow_thinking(api: str, steps: int) -> list[dict[str, Any]]:
+    """Reasoning deltas (never spoken) before the first words."""
+    if api == "chat-completions":
+        thinking = [chat_chunk({"reasoning_content": "hmm "}) for _ in range(steps)]
+    else:
+        thinking = [
+            {"type": "response.reasoning_summary_text.delta", "item_id": "rs_1", "delta": "hmm "}
+        ] * steps
+    return [*thinking, *text_events(api, "Sunny.")]
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("kind", ["reasoning", "tool call"])
+async def test_a_long_reasoning_or_tool_call_is_not_a_first_token_timeout(
+    api: str, kind: str, peer: ScriptedLlmServer
+) -> None:
+    """The first-token deadline ends once the model shows progress; the read timeout stays."""
+    long_args = '{"city": "' + "Paris " * 12 + '"}'
+    if kind == "reasoning":
+        events = slow_thinking(api, 12)
+        expected: list[str | ToolCall] = ["Sunny."]
+    else:
+        events = call_events(api, ("call_1", "get_weather", long_args))
+        expected = [ToolCall("call_1", "get_weather", long_args)]
+    # About 2.4 s in all, far beyond the 0.5 s first-token deadline; 0.2 s gaps.
+    peer.add(Script(events, interval_s=2.4 / len(events)))
+    outputs = await collect(api, peer.base_url, first_token_timeout_s=0.5, retries=0)
+    assert outputs == expected
+    assert len(peer.requests) == 1

@@ -44,7 +44,12 @@ class HttpLlmConfig:
 
 
 class StreamParser(Protocol):
-    """Turns one attempt's decoded SSE events into outputs (stateful)."""
+    """Turns one attempt's decoded SSE events into outputs (stateful).
+    ``progressed`` turns true on the first event that shows the model at work
+    without output yet (reasoning, tool-call fragments): that ends the
+    first-token deadline, since such a phase may rightly last long."""
+
+    progressed: bool
 
     def feed(self, event: dict[str, Any]) -> Iterable[Output]: ...
 
@@ -189,7 +194,8 @@ class HttpLlmClient:
     async def _open(
         self, url: str, body: dict[str, Any], parser_factory: type[StreamParser]
     ) -> tuple[aiohttp.ClientResponse, AsyncIterator[dict[str, Any]], StreamParser, list[Output]]:
-        """Send the request and wait for the first output (or the end)."""
+        """Send the request and wait for the first output or sign of
+        progress (or the end); from there on ``sock_read`` bounds each gap."""
         cfg = self.config
         timeout = aiohttp.ClientTimeout(
             total=cfg.total_timeout_s,
@@ -216,7 +222,7 @@ class HttpLlmClient:
                 first: list[Output] = []
                 async for event in events:
                     first = list(parser.feed(event))
-                    if first:
+                    if first or parser.progressed:
                         break
                 return response, events, parser, first
         except (_Retryable, LlmError):

@@ -32,6 +32,7 @@ def _call_id() -> str:
 class ChatStreamParser:
     def __init__(self) -> None:
         self._calls: dict[int, _Fragments] = {}
+        self.progressed = False
 
     def feed(self, event: dict[str, Any]) -> Iterable[Output]:
         error = event.get("error")
@@ -41,6 +42,9 @@ class ChatStreamParser:
         outputs: list[Output] = []
         for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}
+            # vLLM and llama.cpp stream thinking as reasoning_content, OpenRouter as reasoning.
+            if delta.get("tool_calls") or delta.get("reasoning_content") or delta.get("reasoning"):
+                self.progressed = True
             content = delta.get("content")
             if isinstance(content, str) and content:
                 outputs.append(content)

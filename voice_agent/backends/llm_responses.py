@@ -21,15 +21,21 @@ class ResponsesStreamParser:
         # item id -> [call_id, name, argument fragments]; only calls not yet yielded.
         self._calls: dict[str, tuple[str, str, list[str]]] = {}
         self._order: list[str] = []
+        self.progressed = False
 
     def feed(self, event: dict[str, Any]) -> Iterable[Output]:
         kind = event.get("type")
+        if isinstance(kind, str) and (
+            kind.startswith("response.reasoning") or kind.startswith("response.function_call")
+        ):
+            self.progressed = True
         if kind == "response.output_text.delta":
             delta = event.get("delta")
             return [delta] if isinstance(delta, str) and delta else []
         if kind == "response.output_item.added":
             item = event.get("item") or {}
             if item.get("type") == "function_call":
+                self.progressed = True
                 key = str(item.get("id") or item.get("call_id") or len(self._order))
                 call_id = item.get("call_id") or f"call_{uuid.uuid4().hex[:24]}"
                 self._calls[key] = (call_id, item.get("name") or "", [])
