@@ -70,6 +70,7 @@ async def test_text_streams_as_deltas_and_the_request_is_well_formed(
         assert [i["role"] for i in body["input"]] == ["user", "assistant", "user"]
         assert body["max_output_tokens"] == 50
         assert body["tools"][0]["name"] == "get_weather"
+    assert body["temperature"] == 0.5
     # Reasoning controls are only sent when set.
     assert "reasoning_effort" not in body and "reasoning" not in body
     assert "chat_template_kwargs" not in body
@@ -85,6 +86,8 @@ async def test_reasoning_controls_are_passed_through(api: str, peer: ScriptedLlm
     else:
         assert body["reasoning"] == {"effort": "low"}
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    # Reasoning models refuse a non-default temperature.
+    assert "temperature" not in body
 
 
 @pytest.mark.parametrize("api", APIS)

@@ -136,6 +136,11 @@ class HttpLlmClient:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
         return headers
 
+    def sampling_fields(self, temperature: float) -> dict[str, Any]:
+        """No temperature with a reasoning effort: OpenAI's reasoning models
+        refuse any but the default (a 400 on every turn)."""
+        return {} if self.config.reasoning_effort is not None else {"temperature": temperature}
+
     def reasoning_fields(self, responses_api: bool) -> dict[str, Any]:
         """Reasoning controls, only when set: servers that don't know them may refuse them."""
         body: dict[str, Any] = {}

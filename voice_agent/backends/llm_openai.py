@@ -120,7 +120,7 @@ class OpenAIChatLlm:
             "model": self.model,
             "messages": [chat_message(m) for m in messages],
             self._max_tokens_field: max_tokens,
-            "temperature": temperature,
+            **self._client.sampling_fields(temperature),
             "stream": True,
             **self._client.reasoning_fields(responses_api=False),
         }

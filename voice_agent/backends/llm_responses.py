@@ -130,7 +130,7 @@ class OpenAIResponsesLlm:
             "model": self.model,
             "input": items,
             "max_output_tokens": max_tokens,
-            "temperature": temperature,
+            **self._client.sampling_fields(temperature),
             "stream": True,
             "store": False,
             **self._client.reasoning_fields(responses_api=True),
