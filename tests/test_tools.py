@@ -3,7 +3,9 @@ running calls with a timeout, and failures turned into text for the model."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 
 import pytest
@@ -82,3 +84,32 @@ async def test_failures_become_text_for_the_model(
     registry: ToolRegistry, call: ToolCall, message: str
 ) -> None:
     assert (await registry.call(call)).startswith(message)
+
+
+async def test_stuck_sync_tools_fill_their_own_pool_not_the_loop_s() -> None:
+    """A timed-out sync tool keeps its thread; once all are taken, calls are
+    refused with a message, and the loop's default pool (DNS) stays free."""
+    release = threading.Event()
+
+    def stuck_lookup(query: str) -> str:
+        """Blocks until released."""
+        release.wait(30)
+        return query
+
+    registry = ToolRegistry([stuck_lookup], timeout_s=0.2, max_threads=2)
+    call = ToolCall("call_1", "stuck_lookup", '{"query": "x"}')
+    try:
+        timed_out = await asyncio.gather(registry.call(call), registry.call(call))
+        assert list(timed_out) == ["error: stuck_lookup did not finish within 0.2 s"] * 2
+        refused = await registry.call(call)
+        assert refused.startswith("error: stuck_lookup was not run: 2 earlier tool calls")
+        # The default executor is untouched: a hostname lookup still runs.
+        await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo("localhost", 80), 5)
+    finally:
+        release.set()
+    # Once the threads are free again, calls run.
+    for _ in range(100):
+        if registry._busy == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert await registry.call(call) == "x"

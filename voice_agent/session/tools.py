@@ -13,12 +13,14 @@ becomes an error text the model reads instead of a crash.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import importlib
 import inspect
 import json
 import logging
 import re
+import threading
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -28,6 +30,11 @@ from voice_agent.backends.base import ToolCall, ToolSpec
 log = logging.getLogger(__name__)
 
 MAX_RESULT_CHARS = 4000
+# Threads for sync tools. Their own pool, not the loop's default one: that
+# also resolves hostnames for aiohttp, and a stuck tool must not block the
+# LLM's DNS lookups. A thread outlives a timed-out call, so a full pool
+# refuses new calls rather than queue them behind stuck ones.
+MAX_TOOL_THREADS = 8
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
 
 
@@ -92,8 +99,19 @@ def tool_spec(func: Callable[..., Any]) -> ToolSpec:
 
 
 class ToolRegistry:
-    def __init__(self, functions: Sequence[Callable[..., Any]], timeout_s: float) -> None:
+    def __init__(
+        self,
+        functions: Sequence[Callable[..., Any]],
+        timeout_s: float,
+        max_threads: int = MAX_TOOL_THREADS,
+    ) -> None:
         self.timeout_s = timeout_s
+        self.max_threads = max_threads
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_threads, thread_name_prefix="tool"
+        )
+        self._busy = 0  # threads running a call, timed out or not
+        self._busy_lock = threading.Lock()
         self._functions = {f.__name__: f for f in functions}
         self.specs = [tool_spec(f) for f in functions]
 
@@ -143,7 +161,13 @@ class ToolRegistry:
                 else:
                     # A thread cannot be stopped: on timeout the model is told
                     # and moves on while the function finishes in the background.
-                    result = await asyncio.to_thread(functools.partial(func, **arguments))
+                    result = await self._in_thread(functools.partial(func, **arguments))
+        except _PoolFull:
+            log.warning("tool threads all busy", extra={"tool": call.name})
+            return (
+                f"error: {call.name} was not run: {self.max_threads} earlier tool calls "
+                "are still running; try again later"
+            )
         except TimeoutError:
             log.warning("tool timed out", extra={"tool": call.name, "timeout_s": self.timeout_s})
             return f"error: {call.name} did not finish within {self.timeout_s} s"
@@ -152,3 +176,20 @@ class ToolRegistry:
             return f"error: {call.name} failed: {type(exc).__name__}: {exc}"
         text = result if isinstance(result, str) else json.dumps(result, default=str)
         return text[:MAX_RESULT_CHARS]
+
+    async def _in_thread(self, func: Callable[[], Any]) -> Any:
+        with self._busy_lock:
+            if self._busy >= self.max_threads:
+                raise _PoolFull
+            self._busy += 1
+        future = self._executor.submit(func)
+        future.add_done_callback(self._thread_done)
+        return await asyncio.wrap_future(future)
+
+    def _thread_done(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._busy_lock:
+            self._busy -= 1
+
+
+class _PoolFull(Exception):
+    """Every tool thread is busy."""
