@@ -189,7 +189,7 @@ async def test_cors_preflight_and_exposed_location(
         data=b"x",
         headers={"Content-Type": "application/sdp", "Origin": "https://app.example"},
     ) as response:
-        assert response.headers["Access-Control-Expose-Headers"] == "Location"
+        assert response.headers["Access-Control-Expose-Headers"] == "Location, Retry-After"
 
 
 async def test_health_and_readiness(

@@ -211,6 +211,24 @@ async def test_a_full_server_is_a_clear_error_with_retry_after(
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
 
 
+async def test_a_page_on_another_origin_reads_retry_after(
+    browser: Browser,
+    server_factory: ServerFactory,
+    site_factory: SiteFactory,
+    http: aiohttp.ClientSession,
+) -> None:
+    site = await site_factory("<!doctype html><link rel=icon href=data:,><title>app</title>")
+    server = await server_factory(max_calls=1, cors_origins=[site])
+    holder = RealtimeClient(server.url)
+    await holder.connect(http)
+    page, _ = await new_page(browser, site + "/")
+    sdk = server.url + "/sdk/voice-agent.js"
+    result = await page.evaluate(CONNECT, [sdk, {"url": server.url}])
+    assert result["code"] == "server_full" and result["retryAfter"] == 5, result
+    await holder.hangup(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
 async def test_a_full_server_is_retried_when_reconnect_is_on(
     browser: Browser, server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:

@@ -242,7 +242,9 @@ def cors_middleware(origins: list[str]) -> Any:
         headers["Access-Control-Allow-Origin"] = "*" if allow_any else origin
         headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
         headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
-        headers["Access-Control-Expose-Headers"] = "Location"
+        # Retry-After is not CORS-safelisted: without this, pages on other
+        # origins never learn how long a full server asks them to wait.
+        headers["Access-Control-Expose-Headers"] = "Location, Retry-After"
         headers["Access-Control-Max-Age"] = "600"
         if not allow_any:
             headers["Vary"] = "Origin"
