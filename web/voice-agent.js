@@ -499,10 +499,16 @@ export class VoiceAgent {
         if (event?.type === 'session.created') resolve();
       };
     });
+    let channelClosed;
+    const closedWhileConnecting = new Promise((_, reject) => { channelClosed = reject; });
+    closedWhileConnecting.catch(() => {}); // raced below; this only marks it handled meanwhile
     channel.onclose = () => {
-      if (this.pc === pc && !this.closing) {
-        this.lost(new VoiceAgentError('call_ended', 'The server ended the call.', { fatal: true }));
-      }
+      if (this.pc !== pc || this.closing) return;
+      const err = new VoiceAgentError('call_ended', 'The server ended the call.', { fatal: true });
+      // While connecting, the attempt fails (connect() rejects at once);
+      // lost() is for a call that was up.
+      if (this.attempt === attempt) channelClosed(err);
+      else this.lost(err);
     };
 
     await pc.setLocalDescription(await pc.createOffer());
@@ -527,7 +533,7 @@ export class VoiceAgent {
     this.checkCancelled(attempt);
     await pc.setRemoteDescription({ type: 'answer', sdp });
     attempt.phase = 'ice';
-    await Promise.all([connected, sessionCreated, gotAudio]);
+    await Promise.race([Promise.all([connected, sessionCreated, gotAudio]), closedWhileConnecting]);
     this.checkCancelled(attempt);
     this.connectedAt = performance.now();
   }

@@ -298,6 +298,44 @@ async def test_a_call_dropped_by_the_server_reconnects(
     assert console_errors == []
 
 
+# Closes the SDK's data channel as soon as the answer is applied: the channel
+# ends while the call is still connecting.
+CLOSE_CHANNEL_WHILE_CONNECTING = """
+(() => {
+  const create = RTCPeerConnection.prototype.createDataChannel;
+  RTCPeerConnection.prototype.createDataChannel = function (...args) {
+    return (window.__channel = create.apply(this, args));
+  };
+  const apply = RTCPeerConnection.prototype.setRemoteDescription;
+  RTCPeerConnection.prototype.setRemoteDescription = async function (...args) {
+    const result = await apply.apply(this, args);
+    window.__channel.close();
+    return result;
+  };
+})();
+"""
+
+
+async def test_a_channel_closed_while_connecting_fails_the_connect_at_once(
+    browser: Browser, server_factory: ServerFactory
+) -> None:
+    server = await server_factory()
+    page = await browser.new_page()
+    await page.add_init_script(TRACK_STREAMS)
+    await page.add_init_script(CLOSE_CHANNEL_WHILE_CONNECTING)
+    await page.goto(server.url + "/")
+    # Far below the 30 s connect timeout the old behaviour waited for.
+    result = await asyncio.wait_for(
+        page.evaluate(CONNECT, ["/sdk/voice-agent.js", {"connectTimeoutMs": 30_000}]), 15
+    )
+    assert result["ok"] is False and result["code"] == "call_ended", result
+    assert result["state"] == "disconnected" and result["pc"] is None
+    errors = [s for t, s in await page.evaluate("window.seen") if t == "error"]
+    assert errors == ["call_ended"]  # reported once, by the failed connect
+    assert await page.evaluate(LIVE_TRACKS) == 0
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
 async def test_an_ice_failure_is_reported_and_released(
     browser: Browser, server_factory: ServerFactory
 ) -> None:
