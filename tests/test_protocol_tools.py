@@ -3,6 +3,7 @@ conversation.item.create, response.create; bad ones get error events."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.session import VoiceSession
+from voice_agent.session.tools import ToolRegistry
 
 Wire = tuple[RealtimeProtocol, list[dict[str, Any]]]
 
@@ -180,3 +182,31 @@ async def test_bad_tool_and_item_events_get_an_error_and_change_nothing(
     assert error["type"] == "error" and error["error"]["code"] == code
     assert protocol.session.conversation.history == before
     assert protocol.session.client_tools == []
+
+
+async def test_a_client_tool_named_like_a_server_tool_or_twice_is_refused(engine: Engine) -> None:
+    """Both would be offered to the model, and a call could only reach one of them."""
+    assert engine.models is not None
+    sent: list[dict[str, Any]] = []
+    registry = ToolRegistry.from_module("tests.tools_example", 1.0)
+    config = dataclasses.replace(engine.session_config(), tools=registry)
+    session = VoiceSession(engine.models, config, PacedAudioTrack(), lambda event: None)
+    protocol = RealtimeProtocol(session, sent.append, "test-model", "joe", 60)
+    try:
+        clash = {**TOOL, "name": "get_weather"}  # a server tool's name
+        send(protocol, {"type": "session.update", "session": {"tools": [TOOL, clash]}})
+        send(protocol, {"type": "session.update", "session": {"tools": [TOOL, TOOL]}})
+        errors = [e["error"] for e in sent]
+        assert [(e["code"], e["param"]) for e in errors] == [
+            ("invalid_value", "session.tools[1].name"),
+        ] * 2
+        assert "server tool" in errors[0]["message"]
+        assert session.client_tools == []
+        send(protocol, {"type": "session.update", "session": {"tools": [TOOL]}})
+        assert sent[-1]["type"] == "session.updated"
+        assert [t.name for t in session.tools] == [
+            *(t.name for t in config.tools.specs),
+            "get_time",
+        ]
+    finally:
+        await session.close()

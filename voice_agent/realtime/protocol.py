@@ -480,7 +480,14 @@ class RealtimeProtocol:
                     "session.audio.input.turn_detection.silence_duration_ms",
                 )
             silence_ms = value
-        tools = tool_items.parse_tools(session["tools"]) if "tools" in session else None
+        server_tools = self.session.config.tools
+        tools = (
+            tool_items.parse_tools(
+                session["tools"], [t.name for t in server_tools.specs] if server_tools else ()
+            )
+            if "tools" in session
+            else None
+        )
         tool_choice = (
             tool_items.parse_tool_choice(session["tool_choice"], "session.tool_choice")
             if "tool_choice" in session

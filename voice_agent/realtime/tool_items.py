@@ -6,6 +6,7 @@ a function call to the client."""
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,10 @@ MAX_OUTPUT_TOKENS = 4096
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def parse_tools(value: Any) -> list[ToolSpec]:
+def parse_tools(value: Any, server_tools: Collection[str] = ()) -> list[ToolSpec]:
+    """The client's function tools; a name the server's own tools (or an
+    earlier entry) already use is refused: the model would see both and a
+    call could only ever reach one of them."""
     if not isinstance(value, list) or len(value) > MAX_TOOLS:
         raise ClientEventError(
             "invalid_value", f"tools must be a list of at most {MAX_TOOLS}", "session.tools"
@@ -37,6 +41,11 @@ def parse_tools(value: Any) -> list[ToolSpec]:
                 "invalid_value",
                 "a tool needs a name of 1-64 letters, digits, _ or -",
                 param + ".name",
+            )
+        if name in server_tools or any(t.name == name for t in tools):
+            owner = "a server tool" if name in server_tools else "another tool in this list"
+            raise ClientEventError(
+                "invalid_value", f"tool name {name!r} is already used by {owner}", param + ".name"
             )
         if not isinstance(description, str) or not isinstance(parameters, dict):
             raise ClientEventError(
