@@ -205,7 +205,7 @@ async def test_a_client_tool_named_like_a_server_tool_or_twice_is_refused(engine
         send(protocol, {"type": "session.update", "session": {"tools": [TOOL]}})
         assert sent[-1]["type"] == "session.updated"
         assert [t.name for t in session.tools] == [
-            *(t.name for t in config.tools.specs),
+            *(t.name for t in registry.specs),
             "get_time",
         ]
     finally:
