@@ -8,7 +8,15 @@ import sys
 import pytest
 
 from tests.conftest import test_settings as settings_for
-from tests.scripted_llm import closed_port
+from tests.scripted_llm import (
+    Script,
+    close_quietly,
+    closed_port,
+    engine_with_llm,
+    make_llm,
+    scripted_llm_server,
+    text_events,
+)
 from voice_agent.backends.llama_server import LlamaServerError
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
@@ -78,3 +86,25 @@ async def test_a_missing_tools_module_stops_start_up_with_a_clear_message() -> N
     text = stderr.decode()
     assert "cannot start" in text and "no_such_tools_module" in text
     assert "Traceback" not in text
+
+
+@pytest.mark.parametrize(
+    ("prefill", "requests"),
+    [(None, 0), (False, 0), (True, 1)],  # None: the default for a remote endpoint, off
+)
+async def test_the_start_up_warm_up_respects_prefill_and_the_api_s_minimum(
+    engine: Engine, prefill: bool | None, requests: int
+) -> None:
+    """A remote endpoint bills each request: warmed only when prefill is asked for,
+    and then with an output cap the Responses API accepts (at least 16)."""
+    async with scripted_llm_server() as peer:
+        peer.add(Script(text_events("responses", "Hello there.")))
+        llm = make_llm("responses", peer.base_url)
+        warmed = engine_with_llm(engine, llm, llm_base_url=peer.base_url, llm_prefill=prefill)
+        try:
+            await warmed._warm_up()
+        finally:
+            await close_quietly(llm)
+        assert len(peer.requests) == requests
+        if requests:
+            assert peer.bodies()[0]["max_output_tokens"] >= 16

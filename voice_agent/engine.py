@@ -119,23 +119,28 @@ class Engine:
         assert self.models is not None
         await self.models.stt.transcribe(np.zeros(16000, dtype=np.int16))
         await self.models.tts.synthesize("Hello.")
+        if not self.llm_prefill:
+            return  # a remote endpoint bills every request: it is warmed by real use
         # The first request to llama.cpp pays for its buffers (~0.3 s), and
         # llama.cpp reuses the longest cached prompt prefix: priming it with the
-        # system prompt saves ~0.2 s on every first turn.
-        stream = self.models.llm.stream_reply(
-            [ChatMessage("system", self.settings.llm_instructions), ChatMessage("user", "Hi")],
-            max_tokens=1,
-            temperature=0.0,
-            # Tool schemas are part of the prompt a chat template renders.
-            tools=self.tools.specs if self.tools is not None else (),
-        )
+        # system prompt saves ~0.2 s on every first turn. prefill() asks for
+        # as few tokens as each API accepts (Responses: at least 16).
         try:
-            async for _ in stream:
-                pass
+            await self.models.llm.prefill(
+                [ChatMessage("system", self.settings.llm_instructions), ChatMessage("user", "Hi")],
+                # Tool schemas are part of the prompt a chat template renders.
+                self.tools.specs if self.tools is not None else (),
+            )
         except LlmError as exc:
             # A remote endpoint that is down now may be up for the first call;
             # until then each reply fails with an error event and an apology.
             log.warning("llm warm-up failed", extra={"code": exc.code, "error": str(exc)})
+
+    @property
+    def llm_prefill(self) -> bool:
+        """Prefill (and warm-up) requests: on by default only for the embedded server."""
+        s = self.settings
+        return s.llm_prefill if s.llm_prefill is not None else s.llm_base_url is None
 
     def session_config(self) -> SessionConfig:
         s = self.settings
@@ -157,7 +162,7 @@ class Engine:
                 apology=s.llm_apology,
             ),
             vad_floor_dbfs=s.vad_floor_dbfs,
-            prefill=s.llm_prefill if s.llm_prefill is not None else s.llm_base_url is None,
+            prefill=self.llm_prefill,
             tools=self.tools,
         )
 
