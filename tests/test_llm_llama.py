@@ -8,12 +8,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
-from tests.conftest import ServerFactory
+from tests.conftest import ServerFactory, run_server
+from tests.conftest import test_settings as settings_for
+from tests.scripted_llm import close_quietly, engine_with_llm
 from voice_agent.backends.base import ChatMessage, LlmBackend, LlmError
+from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
@@ -63,43 +71,90 @@ async def test_llama_cpp_python_has_no_responses_api(engine: Engine) -> None:
     assert error.value.code == "http_404"
 
 
+@asynccontextmanager
+async def recording_forwarder(upstream: str) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """An HTTP hop in front of the LLM server that keeps every request body:
+    what the model was really sent, not what the session believes it holds."""
+    bodies: list[dict[str, Any]] = []
+    http = aiohttp.ClientSession()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        bodies.append(body)
+        async with http.post(upstream + "/chat/completions", json=body) as answer:
+            response = web.StreamResponse(
+                status=answer.status,
+                headers={"Content-Type": answer.headers.get("Content-Type", "")},
+            )
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", forward)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/v1", bodies
+    finally:
+        await runner.cleanup()
+        await http.close()
+
+
 async def test_session_update_instructions_drive_typed_turns(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    engine: Engine, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(llm_max_tokens=24)
-    client = RealtimeClient(server.url)
-    await client.connect(http)
-    client.send({"type": "session.update", "session": {"instructions": "You are a pirate."}})
-    await asyncio.wait_for(client.wait_for_type("session.updated"), 5)
-    transcripts: list[str] = []
-    for question in ("Hello there!", "What do you like?"):
-        mark = len(client.events)
-        client.send(
-            {
-                "type": "conversation.item.create",
-                "item": {
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": question}],
-                },
-            }
-        )
-        asked_at = time.monotonic()
-        client.send({"type": "response.create"})
-        done = await asyncio.wait_for(client.wait_for_type("response.done", after=mark), 60)
-        assert done["response"]["status"] == "completed"
-        transcripts.append(done["response"]["output"][0]["content"][0]["transcript"])
-        assert transcripts[-1].strip()
-        assert client.received.first_sound_after(asked_at) is not None
-    (call,) = server.calls.calls()
-    conversation = call.session.conversation
-    assert conversation.messages_for(None)[0] == ChatMessage("system", "You are a pirate.")
-    assert [(m.role, m.content) for m in conversation.history][0::2] == [
-        ("user", "Hello there!"),
-        ("user", "What do you like?"),
+    assert engine.llm_config is not None
+    async with recording_forwarder(engine.llm_config.base_url.rstrip("/")) as (url, bodies):
+        llm = OpenAIChatLlm(replace(engine.llm_config, base_url=url))
+        proxied = engine_with_llm(engine, llm, llm_max_tokens=24, llm_prefill=False)
+        async with run_server(settings_for(llm_max_tokens=24), proxied) as server:
+            client = RealtimeClient(server.url)
+            await client.connect(http)
+            client.send(
+                {"type": "session.update", "session": {"instructions": "You are a pirate."}}
+            )
+            await asyncio.wait_for(client.wait_for_type("session.updated"), 5)
+            transcripts: list[str] = []
+            for question in ("Hello there!", "What do you like?"):
+                mark = len(client.events)
+                client.send(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {
+                            "type": "message",
+                            "role": "user",
+                            "content": [{"type": "input_text", "text": question}],
+                        },
+                    }
+                )
+                asked_at = time.monotonic()
+                client.send({"type": "response.create"})
+                done = await asyncio.wait_for(client.wait_for_type("response.done", after=mark), 60)
+                assert done["response"]["status"] == "completed"
+                transcripts.append(done["response"]["output"][0]["content"][0]["transcript"])
+                assert transcripts[-1].strip()
+                assert client.received.first_sound_after(asked_at) is not None
+            await client.hangup(http)
+            await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+        await close_quietly(llm)
+    # What reached the model: the new instructions, then the history so far.
+    first, second = bodies
+    assert first["messages"] == [
+        {"role": "system", "content": "You are a pirate."},
+        {"role": "user", "content": "Hello there!"},
     ]
-    await client.hangup(http)
-    await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+    assert [(m["role"], m["content"]) for m in second["messages"]][0:2] == [
+        ("system", "You are a pirate."),
+        ("user", "Hello there!"),
+    ]
+    assert second["messages"][2]["role"] == "assistant"
+    assert second["messages"][-1] == {"role": "user", "content": "What do you like?"}
 
 
 async def test_the_proxy_serves_the_embedded_model(
