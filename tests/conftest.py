@@ -58,7 +58,7 @@ ServerFactory = Callable[..., Awaitable[RunningServer]]
 @asynccontextmanager
 async def run_server(settings: Settings, engine: Engine) -> AsyncIterator[RunningServer]:
     app = build_app(settings, engine)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # as cli.serve
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

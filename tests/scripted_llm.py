@@ -48,6 +48,7 @@ class ScriptedLlmServer:
         self.authorizations: list[str | None] = []
         self.disconnects = 0
         self.disconnected = asyncio.Event()
+        self.arrived = asyncio.Event()  # a request came in
         self._disconnect_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.url = ""
 
@@ -73,6 +74,7 @@ class ScriptedLlmServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.path, await request.json()))
         self.authorizations.append(request.headers.get("Authorization"))
+        self.arrived.set()
         script = self.scripts.popleft() if self.scripts else Script(status=503)
         try:
             return await self._play(request, script)

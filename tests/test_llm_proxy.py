@@ -4,6 +4,7 @@ bodies, clear errors, and a client that leaves ends the upstream request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
@@ -111,6 +112,24 @@ async def test_a_client_that_leaves_ends_the_upstream_request(
         assert b"One, " in await response.content.readuntil(b"One, ")
         response.close()
         # The proxy's next write fails, and it hangs up on the model.
+        await asyncio.wait_for(peer.disconnected.wait(), 5)
+
+
+async def test_a_client_that_leaves_before_the_first_byte_ends_the_upstream_request(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    """A non-streamed request (or a slow first token): nothing is written that
+    could fail, so leaving must be noticed by itself."""
+    peer.add(Script(hang_before=True))
+    settings = conftest.test_settings(enable_llm_proxy=True)
+    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+        request = asyncio.ensure_future(
+            http.post(server.url + "/v1/chat/completions", json={"stream": False})
+        )
+        await asyncio.wait_for(peer.arrived.wait(), 5)
+        request.cancel()  # the client gives up and closes its connection
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
         await asyncio.wait_for(peer.disconnected.wait(), 5)
 
 

@@ -83,7 +83,9 @@ async def serve(settings: Settings) -> None:
 
     engine = Engine(settings)
     app = build_app(settings, engine)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    # A client that goes away cancels its handler: the LLM proxy then ends
+    # the upstream request at once, even while it waits for the first byte.
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()

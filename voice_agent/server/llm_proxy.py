@@ -4,8 +4,10 @@ titles, classification) at ``POST /v1/chat/completions`` and
 
 Requests are forwarded as they are, except that ``model`` is replaced by the
 server's model and the server's own key is used, so clients never see the
-key. Replies (streamed or not) are passed through chunk by chunk; a client
-that goes away ends the upstream request.
+key. Replies (streamed or not) are passed through chunk by chunk. A client
+that goes away ends the upstream request at once, also before the first
+byte: the server runs with ``handler_cancellation``, so this handler is
+cancelled and its ``finally`` closes the upstream connection.
 """
 
 from __future__ import annotations
