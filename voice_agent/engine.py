@@ -9,6 +9,7 @@ from pathlib import Path
 
 from voice_agent.backends import registry
 from voice_agent.backends.base import ChatMessage, LlmBackend, SttBackend, TtsBackend, VadBackend
+from voice_agent.backends.capabilities import PartialTranscriber
 from voice_agent.backends.llama_server import MODEL_ALIAS, EmbeddedLlamaServer, default_model_path
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.config import Settings
@@ -97,7 +98,15 @@ class Engine:
             reply=ReplySettings(max_tokens=s.llm_max_tokens, temperature=s.llm_temperature),
             vad_floor_dbfs=s.vad_floor_dbfs,
             prefill=s.llm_prefill if s.llm_prefill is not None else s.llm_base_url is None,
+            partial_interval_ms=self._partial_interval_ms(),
         )
+
+    def _partial_interval_ms(self) -> int:
+        """The setting, or else the STT backend's own default (0 = off)."""
+        if self.settings.stt_partial_interval_ms is not None:
+            return self.settings.stt_partial_interval_ms
+        stt = self.models.stt if self.models is not None else None
+        return stt.default_partial_interval_ms if isinstance(stt, PartialTranscriber) else 0
 
     async def stop(self) -> None:
         if self.models is not None:
