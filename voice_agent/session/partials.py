@@ -6,10 +6,11 @@ it is busy with final transcripts, so partials never delay finals.
 
 OpenAI's transcription deltas are append-only text, while a recogniser's
 hypothesis for speech in progress gets revised (the last word especially is
-often cut). So only words that are settled are sent: every word of the
-hypothesis but the last, and only while the words already sent are still its
-prefix. A revision of words already sent is not retracted; the
-``...completed`` event that follows carries the authoritative transcript.
+often cut). So only settled words are sent: those two consecutive
+hypotheses agree on (local agreement), never the last word of the newest, and
+only while the words already sent are still their prefix. A revision of words
+already sent is not retracted; the ``...completed`` event that follows
+carries the authoritative transcript.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class PartialTranscripts:
         self._session_id = session_id
         self._item_id: str | None = None
         self._sent: list[str] = []
+        self._previous: list[str] = []  # the last hypothesis, in words
         self._requested_at_ms = 0
         self._task: asyncio.Task[str | None] | None = None
         self.latency = Samples()
@@ -50,7 +52,8 @@ class PartialTranscripts:
         """Called as turn audio arrives; ``audio`` gives the turn so far."""
         if item_id != self._item_id:
             self.stop()
-            self._item_id, self._sent, self._requested_at_ms = item_id, [], 0
+            self._item_id, self._sent, self._previous = item_id, [], []
+            self._requested_at_ms = 0
         if self._task is not None or turn_ms - self._requested_at_ms < self._interval_ms:
             return
         self._requested_at_ms = turn_ms
@@ -73,7 +76,9 @@ class PartialTranscripts:
         if text is None or item_id != self._item_id:
             return  # skipped (model busy with finals) or a stale turn
         self.latency.add(time.monotonic() - started)
-        settled = text.split()[:-1]
+        words = text.split()
+        settled = _common_prefix(self._previous, words[:-1])
+        self._previous = words
         if len(settled) <= len(self._sent) or settled[: len(self._sent)] != self._sent:
             return
         new = settled[len(self._sent) :]
@@ -86,3 +91,12 @@ class PartialTranscripts:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+
+
+def _common_prefix(a: list[str], b: list[str]) -> list[str]:
+    count = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        count += 1
+    return a[:count]
