@@ -220,7 +220,10 @@ class BatchingWorker(Generic[Req, Res]):
 
     def close(self) -> None:
         """Fail whatever waits, stop the loop and the thread."""
+        if self._closed:
+            return
         self._closed = True
+        log.info("batching worker stopped", extra={"worker": self.name, **self.stats.snapshot()})
         if self._task is not None:
             self._task.cancel()
         waiting = [*self._in_flight, *self._finals, *self._partials]
