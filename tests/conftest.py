@@ -17,6 +17,9 @@ from voice_agent.engine import Engine
 from voice_agent.server.app import CALLS, build_app
 from voice_agent.server.calls import CallRegistry
 
+# The STT tests' fixtures (tiny NeMo model, parakeet backend) live in their own module.
+pytest_plugins = ["tests.stt_fixtures"]
+
 # aioice never offers 127.0.0.1 as a candidate; pin both peers to loopback so
 # every test call stays on this machine.
 LOOPBACK = ["127.0.0.1"]

@@ -63,7 +63,8 @@ class Settings(BaseSettings):
     stt: str = Field("faster-whisper", description="Speech-to-text backend name.")
     stt_model: str = Field(
         "base",
-        description="faster-whisper model: 'base' (embedded), 'tiny.en' (embedded) or a path.",
+        description="faster-whisper model: 'base' (embedded), 'tiny.en' (embedded) or a path; "
+        "parakeet: a .nemo path or a cached pretrained name; openai: the remote model name.",
     )
     stt_language: str | None = Field("en", description="Spoken language (None = detect).")
     stt_threads: int = Field(2, ge=1, description="CPU threads for STT inference.")
@@ -77,6 +78,28 @@ class Settings(BaseSettings):
         ge=40,
         description="Pause after which the turn so far is transcribed speculatively.",
     )
+
+    # --- STT: batching, partial transcripts, remote STT (issue 3) ----------
+    stt_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Device for the parakeet STT backend (auto = CUDA when present)."
+    )
+    stt_max_batch: int = Field(
+        8, ge=1, le=256, description="Most utterances one batched STT inference takes."
+    )
+    stt_batch_wait_ms: int = Field(
+        10, ge=0, le=1000, description="Longest an utterance waits for others to batch with."
+    )
+    stt_partial_interval_ms: int | None = Field(
+        None,
+        ge=0,
+        description="Transcribe speech in progress this often, sending transcription deltas "
+        "(0 = off; default: the backend's, 500 for parakeet, off for faster-whisper and openai).",
+    )
+    stt_base_url: str | None = Field(
+        None, description="Base URL of an OpenAI-compatible STT server (for --stt openai)."
+    )
+    stt_api_key: str | None = Field(None, description="API key for the remote STT server.")
+    stt_timeout_s: float = Field(30.0, gt=0, description="Timeout for one remote STT request.")
 
     # --- thinking: LLM ---------------------------------------------------
     llm_base_url: str | None = Field(

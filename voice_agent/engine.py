@@ -17,6 +17,7 @@ from voice_agent.backends.base import (
     TtsBackend,
     VadBackend,
 )
+from voice_agent.backends.capabilities import PartialTranscriber
 from voice_agent.backends.llama_server import (
     MODEL_ALIAS,
     EmbeddedLlamaServer,
@@ -164,7 +165,15 @@ class Engine:
             vad_floor_dbfs=s.vad_floor_dbfs,
             prefill=self.llm_prefill,
             tools=self.tools,
+            partial_interval_ms=self._partial_interval_ms(),
         )
+
+    def _partial_interval_ms(self) -> int:
+        """The setting, or else the STT backend's own default (0 = off)."""
+        if self.settings.stt_partial_interval_ms is not None:
+            return self.settings.stt_partial_interval_ms
+        stt = self.models.stt if self.models is not None else None
+        return stt.default_partial_interval_ms if isinstance(stt, PartialTranscriber) else 0
 
     async def stop(self) -> None:
         if self.models is not None:

@@ -111,3 +111,23 @@ register(
         _EMBEDDED_HINT,
     )
 )
+register(
+    BackendSpec(
+        "stt",
+        "parakeet",
+        "NVIDIA Parakeet / any NeMo ASR model (.nemo), batched across sessions, CUDA when present",
+        "voice_agent.backends.stt_parakeet:create",
+        ("nemo", "torch"),
+        "pip install 'voice-agent[parakeet]'",
+    )
+)
+register(
+    BackendSpec(
+        "stt",
+        "openai",
+        "Remote OpenAI-compatible /audio/transcriptions (OpenAI, vLLM, NVIDIA NIM)",
+        "voice_agent.backends.stt_openai:create",
+        ("aiohttp",),
+        "pip install aiohttp",
+    )
+)

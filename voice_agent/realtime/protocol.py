@@ -28,6 +28,7 @@ from voice_agent.session.events import (
     UserSpeechStarted,
     UserSpeechStopped,
     UserTranscript,
+    UserTranscriptDelta,
     UserTurnCommitted,
 )
 from voice_agent.session.ids import new_id
@@ -200,6 +201,17 @@ class RealtimeProtocol:
                     "previous_item_id": previous,
                     "item": self._user_item(event.item_id, None),
                 },
+            ]
+        if isinstance(event, UserTranscriptDelta):
+            # Sent while the user speaks, so before the item is committed;
+            # the item_id is the one speech_started announced.
+            return [
+                {
+                    "type": "conversation.item.input_audio_transcription.delta",
+                    "item_id": event.item_id,
+                    "content_index": 0,
+                    "delta": event.delta,
+                }
             ]
         if isinstance(event, UserTranscript):
             return [

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 from aiortc.sdp import SessionDescription
 
+from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import ClientEventError
@@ -231,8 +232,18 @@ async def stats(request: web.Request) -> web.StreamResponse:
                 "max_late_ms": round(pacing.max_late_ms, 2),
                 "resyncs": pacing.resyncs,
             },
+            "stt": stt_stats(request.app[ENGINE], calls),
         }
     )
+
+
+def stt_stats(engine: Engine, calls: CallRegistry) -> dict[str, object]:
+    """The STT backend's own counters (batching, queue wait, inference) and
+    each live session's STT latency."""
+    stt = engine.models.stt if engine.models is not None else None
+    body: dict[str, object] = dict(stt.stats()) if isinstance(stt, ReportsStats) else {}
+    body["sessions"] = [{"session": c.session.id, **c.session.stt_stats()} for c in calls.calls()]
+    return body
 
 
 def cors_middleware(origins: list[str]) -> Any:

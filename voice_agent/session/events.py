@@ -33,6 +33,14 @@ class UserTranscript:
 
 
 @dataclass(frozen=True)
+class UserTranscriptDelta:
+    """More words of the user's turn in progress (append-only)."""
+
+    item_id: str
+    delta: str
+
+
+@dataclass(frozen=True)
 class ResponseStarted:
     response_id: str
     item_id: str
@@ -93,6 +101,7 @@ SessionEvent = (
     | UserSpeechStopped
     | UserTurnCommitted
     | UserTranscript
+    | UserTranscriptDelta
     | ResponseStarted
     | AssistantTextDelta
     | AssistantAudioStarted

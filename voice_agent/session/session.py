@@ -30,6 +30,8 @@ from voice_agent.backends.base import (
     TtsBackend,
     VadBackend,
 )
+from voice_agent.backends.capabilities import PartialTranscriber
+from voice_agent.backends.samples import Samples
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import (
     AssistantAudioCleared,
@@ -42,6 +44,7 @@ from voice_agent.session.events import (
 )
 from voice_agent.session.ids import new_id
 from voice_agent.session.metrics import TurnMetrics, now
+from voice_agent.session.partials import PartialTranscripts
 from voice_agent.session.response import AudioOutput, PieceTag, ReplySettings, Response
 from voice_agent.session.tools import ToolRegistry
 from voice_agent.stages.turns import (
@@ -77,6 +80,7 @@ class SessionConfig:
     vad_floor_dbfs: float = -50.0
     prefill: bool = False
     tools: ToolRegistry | None = None  # server-side tools (--tools)
+    partial_interval_ms: int = 0  # live partial transcripts (0 = off)
 
 
 @dataclass
@@ -120,6 +124,12 @@ class VoiceSession:
         self.tool_choice: ToolChoice = "auto"
         # Typed messages that arrived while a reply was being given.
         self._held_texts: list[str] = []
+        self.stt_latency = Samples()  # final transcripts: request to text
+        self._partials: PartialTranscripts | None = None
+        if config.partial_interval_ms > 0 and isinstance(models.stt, PartialTranscriber):
+            self._partials = PartialTranscripts(
+                models.stt, config.partial_interval_ms, emit, self.id
+            )
 
     # -- audio in ------------------------------------------------------------
     def push_audio(self, samples: np.ndarray) -> None:
@@ -136,6 +146,10 @@ class VoiceSession:
             for event in self._detector.push(frame, probability):
                 self._handle(event)
         self._pending = data[full:]
+        if self._partials is not None and self._item_id is not None and self._detector.in_turn:
+            self._partials.on_audio(
+                self._item_id, self._detector.turn_ms, self._detector.turn_audio
+            )
 
     def _handle(self, event: SpeechStarted | Paused | Resumed | TurnEnded) -> None:
         if isinstance(event, SpeechStarted):
@@ -197,6 +211,8 @@ class VoiceSession:
 
     # -- end of turn --------------------------------------------------------------
     def _on_turn_ended(self, event: TurnEnded) -> None:
+        if self._partials is not None:
+            self._partials.stop()  # no delta may follow the completed transcript
         item_id = self._item_id or new_id("item")
         self._item_id = None
         self._emit(UserSpeechStopped(item_id, event.audio_end_ms))
@@ -246,6 +262,8 @@ class VoiceSession:
             log.warning("transcription failed", exc_info=True, extra={"session": self.id})
             self._emit(SessionError("stt_error", f"transcription failed: {exc}"))
             text = ""
+        if metrics.stt_start is not None and metrics.stt_done is not None:
+            self.stt_latency.add(metrics.stt_done - metrics.stt_start)
         self._emit(UserTranscript(item_id, text))
         if text:
             self.conversation.add_user(text)
@@ -405,6 +423,13 @@ class VoiceSession:
         self._play(response)
         return True
 
+    def stt_stats(self) -> dict[str, object]:
+        """Per-session STT latency, finals and (when on) partials."""
+        stats: dict[str, object] = {"final": self.stt_latency.summary_ms()}
+        if self._partials is not None:
+            stats["partial"] = self._partials.latency.summary_ms()
+        return stats
+
     @property
     def current_silence_ms(self) -> int:
         return self._silence_ms
@@ -433,6 +458,8 @@ class VoiceSession:
             return
         self._closed = True
         self._drop_speculation()
+        if self._partials is not None:
+            self._partials.stop()
         tasks = [*self._turn_tasks, *([self._prefill_task] if self._prefill_task else [])]
         for task in tasks:
             task.cancel()

@@ -80,6 +80,15 @@ class TurnDetector:
     def in_turn(self) -> bool:
         return self._in_turn
 
+    @property
+    def turn_ms(self) -> int:
+        """Length of the turn in progress so far (0 outside a turn)."""
+        return len(self._turn) * FRAME_MS if self._in_turn else 0
+
+    def turn_audio(self) -> np.ndarray:
+        """The turn in progress so far, pre-roll included."""
+        return np.concatenate(self._turn) if self._turn else np.zeros(0, dtype=np.int16)
+
     def set_silence_ms(self, silence_ms: int) -> None:
         self._end_frames = max(1, silence_ms // FRAME_MS)
         self._early_frames = max(1, min(self.config.early_ms, silence_ms) // FRAME_MS)

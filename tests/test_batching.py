@@ -1,0 +1,146 @@
+"""The dynamic batching worker: batches, priorities, cancellation, closing.
+
+The batch function is a real computation (it scales each input and records
+what it was given), so a mix-up between requests and results shows."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from voice_agent.backends.batching import BatchingWorker, WorkerClosed
+
+
+class Model:
+    """Doubles numbers; ``gate`` holds a batch inside the worker thread."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.threads: set[str] = set()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def __call__(self, batch: list[int]) -> list[int]:
+        self.threads.add(threading.current_thread().name)
+        self.batches.append(list(batch))
+        self.entered.set()
+        self.gate.wait(10)
+        return [2 * x for x in batch]
+
+
+async def hold(model: Model, worker: BatchingWorker[int, int]) -> asyncio.Task[int]:
+    """Occupy the worker with one final request until the gate opens."""
+    model.gate.clear()
+    model.entered.clear()
+    task = asyncio.create_task(worker.submit(-1))
+    await asyncio.to_thread(model.entered.wait, 10)
+    return task
+
+
+async def test_concurrent_requests_share_batches_and_get_their_own_results() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=4, max_wait_s=0.2)
+    try:
+        results = await asyncio.gather(*(worker.submit(i) for i in range(10)))
+    finally:
+        worker.close()
+    assert results == [2 * i for i in range(10)]
+    assert all(len(batch) <= 4 for batch in model.batches)
+    assert max(len(batch) for batch in model.batches) == 4
+    assert sorted(x for batch in model.batches for x in batch) == list(range(10))
+    assert model.threads == {next(iter(model.threads))}  # one dedicated thread
+    assert threading.current_thread().name not in model.threads
+    snapshot = worker.stats.snapshot()
+    assert snapshot["batches"] == len(model.batches) and snapshot["max_batch_seen"] == 4
+
+
+async def test_a_request_cancelled_while_queued_never_runs() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=8, max_wait_s=0.0)
+    try:
+        running = await hold(model, worker)
+        kept = asyncio.create_task(worker.submit(1))
+        dropped = asyncio.create_task(worker.submit(2))
+        await asyncio.sleep(0.05)
+        dropped.cancel()
+        model.gate.set()
+        assert await running == -2 and await kept == 2
+        with pytest.raises(asyncio.CancelledError):
+            await dropped
+    finally:
+        worker.close()
+    assert model.batches == [[-1], [1]]
+    assert worker.stats.requests["cancelled"] == 1
+
+
+async def test_finals_run_before_partials_and_partials_are_skipped_when_busy() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=8, max_wait_s=0.0)
+    try:
+        running = await hold(model, worker)
+        # A final is running: a partial is refused at once.
+        assert await worker.submit_partial(7) is None
+        model.gate.set()
+        await running
+        # Idle: a partial runs.
+        assert await worker.submit_partial(7) == 14
+        # A partial queued behind a running batch gives way to a final that
+        # arrives after it, and never shares its batch.
+        running = await hold(model, worker)
+        model.batches.clear()
+        worker_busy_with_partial = asyncio.create_task(worker.submit_partial(3))
+        await asyncio.sleep(0)
+        assert worker_busy_with_partial.done() and worker_busy_with_partial.result() is None
+        model.gate.set()
+        await running
+        model.gate.clear()
+        model.entered.clear()
+        partial = asyncio.create_task(worker.submit_partial(5))
+        await asyncio.to_thread(model.entered.wait, 10)  # the partial batch runs
+        queued_partial = asyncio.create_task(worker.submit_partial(6))
+        final = asyncio.create_task(worker.submit(4))
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        assert await partial == 10 and await final == 8 and await queued_partial == 12
+    finally:
+        worker.close()
+    assert model.batches[-3:] == [[5], [4], [6]]
+    assert worker.stats.requests["partial_skipped"] == 2
+
+
+async def test_close_fails_waiting_requests_and_refuses_new_ones() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
+    running = await hold(model, worker)
+    queued = asyncio.create_task(worker.submit(1))
+    await asyncio.sleep(0.05)
+    worker.close()
+    model.gate.set()
+    for task in (running, queued):
+        with pytest.raises(WorkerClosed):
+            await task
+    with pytest.raises(WorkerClosed):
+        await worker.submit(3)
+
+
+async def test_a_failing_batch_fails_its_requests_only() -> None:
+    def model(batch: list[int]) -> list[int]:
+        if 0 in batch:
+            raise ValueError("zero")
+        return batch
+
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
+    try:
+        with pytest.raises(ValueError, match="zero"):
+            await worker.submit(0)
+        assert await worker.submit(5) == 5
+    finally:
+        worker.close()
+
+
+def test_bad_limits_are_refused() -> None:
+    with pytest.raises(ValueError):
+        BatchingWorker("t", lambda b: b, max_batch=0, max_wait_s=0.0)

@@ -1,0 +1,216 @@
+"""Parakeet (NeMo) STT with the tiny test model: through real WebRTC calls,
+batched across concurrent sessions, with live partial transcripts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from tests.audio_data import silence
+from tests.conftest import RunningServer, run_server
+from tests.stt_fixtures import engine_with_stt, load_stt, parakeet_settings
+from tests.tiny_nemo import PHRASES, phrase_audio
+from voice_agent.backends import registry
+from voice_agent.backends.base import SttBackend
+from voice_agent.backends.stt_parakeet import ParakeetStt
+from voice_agent.client import RealtimeClient
+from voice_agent.engine import Engine
+from voice_agent.session.events import SessionEvent, UserTranscript, UserTranscriptDelta
+from voice_agent.session.session import VoiceSession
+
+pytestmark = pytest.mark.e2e
+
+TRANSCRIPT_DONE = "conversation.item.input_audio_transcription.completed"
+TRANSCRIPT_DELTA = "conversation.item.input_audio_transcription.delta"
+
+
+async def say(server: RunningServer, http: aiohttp.ClientSession, audio: np.ndarray) -> str:
+    """One call: speak, wait for the transcript, hang up."""
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    try:
+        done = client.wait_for_type(TRANSCRIPT_DONE)
+        await client.mic.play(np.concatenate((silence(0.3), audio, silence(0.8))), 16000)
+        event = await asyncio.wait_for(done, 60)
+        return str(event["transcript"])
+    finally:
+        await client.hangup(http)
+
+
+async def stats(server: RunningServer, http: aiohttp.ClientSession) -> dict[str, Any]:
+    async with http.get(server.url + "/v1/stats") as response:
+        assert response.status == 200
+        body: dict[str, Any] = await response.json()
+        return body
+
+
+async def test_exact_transcript_through_a_webrtc_call(
+    parakeet_server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    assert await say(parakeet_server, http, phrase_audio("goforward")) == "go forward ten meters"
+    body = await stats(parakeet_server, http)
+    stt = body["stt"]
+    assert stt["backend"] == "parakeet" and stt["device"] == "cpu"
+    assert stt["batches"] >= 1 and stt["requests"]["final"] >= 1
+    assert stt["inference"]["count"] >= 1 and stt["inference"]["max_ms"] > 0
+    await asyncio.wait_for(parakeet_server.calls.wait_for_count(0), 5)
+
+
+async def test_concurrent_sessions_are_batched_and_get_the_same_transcripts(
+    engine: Engine, tiny_nemo_model: Path, http: aiohttp.ClientSession
+) -> None:
+    # A fresh backend, so its counters are this test's; a generous batch wait
+    # makes batching certain even on a slow machine.
+    settings = parakeet_settings(
+        tiny_nemo_model, stt_batch_wait_ms=300, stt_partial_interval_ms=0, max_calls=8
+    )
+    stt = await load_stt(settings)
+    try:
+        async with run_server(settings, engine_with_stt(engine, stt, settings)) as server:
+            phrases = [PHRASES[i % 2][0] for i in range(8)]
+            alone = [await say(server, http, phrase_audio(name)) for name in phrases[:2]]
+            together = await asyncio.gather(
+                *(say(server, http, phrase_audio(name)) for name in phrases)
+            )
+            body = await stats(server, http)
+    finally:
+        stt.close()
+    assert alone == [text for _, text in PHRASES]
+    assert together == [alone[i % 2] for i in range(8)]
+    sizes = {int(size): n for size, n in body["stt"]["batch_sizes"].items()}
+    assert max(sizes) > 1, sizes
+    assert body["stt"]["queue_wait"]["count"] >= 10
+
+
+async def test_partial_transcripts_arrive_while_speaking(
+    parakeet_server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    client = RealtimeClient(parakeet_server.url)
+    await client.connect(http)
+    done = client.wait_for_type(TRANSCRIPT_DONE)
+    await client.mic.play(np.concatenate((silence(0.3), phrase_audio("0880"), silence(0.8))), 16000)
+    final = await asyncio.wait_for(done, 60)
+    kinds = [e["type"] for e in client.events]
+    deltas = client.of_type(TRANSCRIPT_DELTA)
+    assert deltas, "no partial transcript"
+    assert kinds.index(TRANSCRIPT_DELTA) < kinds.index("input_audio_buffer.speech_stopped")
+    assert max(i for i, k in enumerate(kinds) if k == TRANSCRIPT_DELTA) < kinds.index(
+        TRANSCRIPT_DONE
+    )
+    assert all(d["item_id"] == final["item_id"] and d["content_index"] == 0 for d in deltas)
+    # Only settled words are sent, append-only: here they are the final's start.
+    partial = "".join(d["delta"] for d in deltas).split()
+    assert partial == final["transcript"].split()[: len(partial)]
+    body = await stats(parakeet_server, http)
+    (session,) = body["stt"]["sessions"]
+    assert session["partial"]["count"] >= 1 and session["final"]["count"] == 1
+    await client.hangup(http)
+
+
+async def test_a_request_cancelled_while_queued_never_yields_an_event(
+    engine: Engine, tiny_nemo_model: Path
+) -> None:
+    # Requests wait 1 s for company, so the session closes while they queue.
+    settings = parakeet_settings(tiny_nemo_model, stt_batch_wait_ms=1000)
+    stt = await load_stt(settings)
+    assert isinstance(stt, ParakeetStt)
+    events: list[SessionEvent] = []
+    shared = engine_with_stt(engine, stt, settings)
+    assert shared.models is not None
+    session = VoiceSession(shared.models, shared.session_config(), _NoOutput(), events.append)
+    try:
+        audio = np.concatenate((silence(0.3), phrase_audio("goforward"), silence(1.0)))
+        for start in range(0, len(audio), 320):
+            session.push_audio(audio[start : start + 320])
+        await asyncio.sleep(0.2)  # the transcription tasks start and queue
+        queued = stt.stats()["requests"]
+        assert isinstance(queued, dict) and queued["final"] >= 1  # end of turn was reached
+        await session.close()
+        await asyncio.sleep(1.5)  # past the batch wait: it would have run by now
+        requests = stt.stats()["requests"]
+        assert isinstance(requests, dict)
+        assert requests["cancelled"] >= 1
+        assert stt.stats()["batches"] == 0  # nothing reached the model
+        assert not [e for e in events if isinstance(e, UserTranscript | UserTranscriptDelta)]
+    finally:
+        stt.close()
+
+
+class _NoOutput:
+    """Assistant audio goes nowhere: this test is about the user's side."""
+
+    async def write(self, samples: np.ndarray, tag: Any = None) -> None:
+        pass
+
+    async def finish(self) -> None:
+        pass
+
+    async def drain(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_missing_model_file_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "parakeet-tdt-0.6b-v2.nemo"
+    with pytest.raises(registry.BackendUnavailable) as error:
+        registry.create("stt", "parakeet", parakeet_settings(missing))
+    message = str(error.value)
+    assert str(missing) in message and "does not exist" in message
+    assert "--stt-model /path/to/model.nemo" in message and "huggingface-cli download" in message
+
+
+def test_an_uncached_pretrained_name_fails_without_downloading(tmp_path: Path) -> None:
+    settings = parakeet_settings(Path("nvidia/no-such-parakeet"))
+    with pytest.raises(registry.BackendUnavailable) as error:
+        registry.create("stt", "parakeet", settings)
+    message = str(error.value)
+    assert "'nvidia/no-such-parakeet'" in message and "local Hugging Face cache" in message
+    assert "huggingface-cli download nvidia/no-such-parakeet" in message
+
+
+def test_a_corrupt_model_file_is_a_clear_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.nemo"
+    broken.write_bytes(b"not a tar archive")
+    with pytest.raises(registry.BackendUnavailable) as error:
+        registry.create("stt", "parakeet", parakeet_settings(broken))
+    assert f"cannot load parakeet model {broken}" in str(error.value)
+
+
+async def test_serve_with_a_missing_parakeet_model_exits_with_how_to_fix_it(
+    tmp_path: Path,
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "voice_agent",
+        "serve",
+        "--port",
+        "0",
+        "--stt",
+        "parakeet",
+        "--stt-model",
+        str(tmp_path / "nowhere.nemo"),
+        "--log-format",
+        "text",
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    async with asyncio.timeout(120):
+        _, stderr = await process.communicate()
+    assert process.returncode == 1
+    text = stderr.decode()
+    assert "cannot start" in text and "nowhere.nemo does not exist" in text
+    assert "Traceback" not in text
+
+
+def test_parakeet_backend_has_partials_on_by_default(parakeet: SttBackend) -> None:
+    assert isinstance(parakeet, ParakeetStt) and parakeet.default_partial_interval_ms == 500

@@ -1,0 +1,80 @@
+"""Which words of successive hypotheses become transcription deltas.
+
+The recogniser here is scripted (a queue of hypotheses the test releases one
+at a time): what is under test is the session's delta policy and its
+lifecycle, not a model (test_parakeet.py runs a real one)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from voice_agent.session.events import SessionEvent, UserTranscriptDelta
+from voice_agent.session.partials import PartialTranscripts
+
+
+class ScriptedRecogniser:
+    default_partial_interval_ms = 500
+
+    def __init__(self) -> None:
+        self.requests: list[int] = []  # samples in each request
+        self.answers: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def transcribe_partial(self, audio: np.ndarray) -> str | None:
+        self.requests.append(len(audio))
+        return await self.answers.get()
+
+
+def deltas(events: list[SessionEvent]) -> list[str]:
+    return [e.delta for e in events if isinstance(e, UserTranscriptDelta)]
+
+
+async def feed(partials: PartialTranscripts, item: str, turn_ms: int) -> None:
+    partials.on_audio(item, turn_ms, lambda: np.zeros(turn_ms * 16, dtype=np.int16))
+    await asyncio.sleep(0)
+
+
+async def test_only_words_two_hypotheses_agree_on_are_sent_append_only() -> None:
+    stt, events = ScriptedRecogniser(), list[SessionEvent]()
+    partials = PartialTranscripts(stt, 500, events.append, "sess")
+    hypotheses = [
+        "he ws n",  # nothing to agree with yet
+        "he was not",  # agrees on "he"
+        "he was not an",  # "was not" settle
+        "he was knot an il",  # revises a sent word: nothing sent
+        "he was not an ill dis",  # agrees with the revision only on "he was"
+        "he was not an ill disposed",  # "an ill" agreed, "disposed" is the last
+    ]
+    for index, text in enumerate(hypotheses):
+        await feed(partials, "item_1", 500 * (index + 1))
+        await feed(partials, "item_1", 500 * (index + 1) + 20)  # one in flight at most
+        await stt.answers.put(text)
+        await asyncio.sleep(0.01)
+    assert deltas(events) == ["he", " was not", " an ill"]
+    assert stt.requests == [8000 * (i + 1) for i in range(len(hypotheses))]
+    assert all(isinstance(e, UserTranscriptDelta) and e.item_id == "item_1" for e in events)
+
+
+async def test_nothing_is_sent_after_the_turn_ends_or_when_skipped() -> None:
+    stt, events = ScriptedRecogniser(), list[SessionEvent]()
+    partials = PartialTranscripts(stt, 500, events.append, "sess")
+    await feed(partials, "item_1", 500)
+    await stt.answers.put(None)  # skipped: the model was busy with finals
+    await asyncio.sleep(0.01)
+    await feed(partials, "item_1", 700)  # not yet another interval
+    assert len(stt.requests) == 1
+    await feed(partials, "item_1", 1000)
+    partials.stop()  # the turn ends while that request is in flight
+    await stt.answers.put("go forward ten")
+    await asyncio.sleep(0.01)
+    assert events == []
+    # A new turn starts from scratch.
+    await feed(partials, "item_2", 500)
+    await stt.answers.put("go forward")
+    await asyncio.sleep(0.01)
+    await feed(partials, "item_2", 1000)
+    await stt.answers.put("go forward ten")
+    await asyncio.sleep(0.01)
+    assert deltas(events) == ["go"]
+    assert partials.latency.count == 2

@@ -1,0 +1,155 @@
+"""The remote STT backend against a real HTTP server speaking OpenAI's
+``/v1/audio/transcriptions`` wire format, which runs the tiny NeMo model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import socket
+import wave
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from tests.audio_data import silence
+from tests.conftest import run_server
+from tests.conftest import test_settings as settings_with
+from tests.stt_fixtures import engine_with_stt
+from tests.tiny_nemo import phrase_audio
+from voice_agent.backends import registry
+from voice_agent.backends.base import SttBackend
+from voice_agent.backends.stt_openai import OpenAIStt, RemoteSttError
+from voice_agent.client import RealtimeClient
+from voice_agent.engine import Engine
+
+API_KEY = "test-key"
+
+
+class TranscriptionServer:
+    """POST /v1/audio/transcriptions (multipart: file, model, ...) -> {"text"}."""
+
+    def __init__(self, stt: SttBackend) -> None:
+        self.stt = stt
+        self.forms: list[dict[str, Any]] = []
+        self.stall = asyncio.Event()
+        self.stall.set()
+        self.app = web.Application()
+        self.app.router.add_post("/v1/audio/transcriptions", self.transcribe)
+        self.app.router.add_post("/broken/audio/transcriptions", self.broken)
+
+    async def transcribe(self, request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") != f"Bearer {API_KEY}":
+            return web.json_response({"error": {"message": "invalid api key"}}, status=401)
+        form: dict[str, Any] = {}
+        async for part in await request.multipart():
+            assert isinstance(part, aiohttp.BodyPartReader)
+            form[part.name or ""] = await part.read() if part.filename else await part.text()
+        self.forms.append(form)
+        await self.stall.wait()
+        with wave.open(io.BytesIO(form["file"])) as handle:
+            if handle.getframerate() != 16000 or handle.getnchannels() != 1:
+                return web.json_response({"error": {"message": "want 16 kHz mono"}}, status=400)
+            audio = np.frombuffer(handle.readframes(handle.getnframes()), dtype="<i2")
+        return web.json_response({"text": await self.stt.transcribe(audio.astype(np.int16))})
+
+    async def broken(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text="<html>gateway</html>", content_type="text/html")
+
+
+@pytest_asyncio.fixture
+async def remote(parakeet: SttBackend) -> AsyncIterator[tuple[TranscriptionServer, str]]:
+    server = TranscriptionServer(parakeet)
+    runner = web.AppRunner(server.app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        server.stall.set()
+        await runner.cleanup()
+
+
+def remote_stt(base_url: str, **overrides: Any) -> OpenAIStt:
+    values: dict[str, Any] = {
+        "stt": "openai",
+        "stt_base_url": base_url,
+        "stt_api_key": API_KEY,
+        "stt_model": "tiny-ctc",
+    }
+    values.update(overrides)
+    stt = registry.create("stt", "openai", settings_with(**values))
+    assert isinstance(stt, OpenAIStt)
+    return stt
+
+
+async def test_transcribes_through_the_remote_server(
+    remote: tuple[TranscriptionServer, str],
+) -> None:
+    server, url = remote
+    stt = remote_stt(url + "/v1")
+    assert await stt.transcribe(phrase_audio("goforward")) == "go forward ten meters"
+    (form,) = server.forms
+    assert form["model"] == "tiny-ctc" and form["language"] == "en"
+    assert form["response_format"] == "json"
+    stats = stt.stats()
+    assert stats["errors"] == 0
+    assert isinstance(stats["requests"], dict) and stats["requests"]["count"] == 1
+
+
+async def test_a_webrtc_call_transcribed_remotely(
+    engine: Engine, remote: tuple[TranscriptionServer, str], http: aiohttp.ClientSession
+) -> None:
+    _, url = remote
+    settings = settings_with(
+        stt="openai", stt_base_url=url + "/v1", stt_api_key=API_KEY, stt_model="tiny-ctc"
+    )
+    stt: SttBackend = registry.create("stt", "openai", settings)
+    async with run_server(settings, engine_with_stt(engine, stt, settings)) as server:
+        client = RealtimeClient(server.url)
+        await client.connect(http)
+        done = client.wait_for_type("conversation.item.input_audio_transcription.completed")
+        audio = np.concatenate((silence(0.3), phrase_audio("goforward"), silence(0.8)))
+        await client.mic.play(audio, 16000)
+        assert (await asyncio.wait_for(done, 60))["transcript"] == "go forward ten meters"
+        # Remote STT is off for partials by default (each would be billed).
+        assert not client.of_type("conversation.item.input_audio_transcription.delta")
+        await client.hangup(http)
+
+
+async def test_errors_say_what_went_wrong(remote: tuple[TranscriptionServer, str]) -> None:
+    server, url = remote
+    with pytest.raises(RemoteSttError, match=r"answered 401: .*invalid api key"):
+        await remote_stt(url + "/v1", stt_api_key="wrong").transcribe(silence(1))
+    with pytest.raises(RemoteSttError, match=r"sent no transcript"):
+        await remote_stt(url + "/broken").transcribe(silence(1))
+    server.stall.clear()
+    with pytest.raises(RemoteSttError, match=r"no answer within 0.3 s"):
+        await remote_stt(url + "/v1", stt_timeout_s=0.3).transcribe(silence(1))
+
+
+@contextlib.contextmanager
+def unused_port() -> Iterator[int]:
+    """A local port nobody accepts connections on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+async def test_an_unreachable_server_is_a_clear_error() -> None:
+    with unused_port() as port:
+        stt = remote_stt(f"http://127.0.0.1:{port}/v1")
+        with pytest.raises(RemoteSttError, match=r"cannot reach STT server http://127.0.0.1"):
+            await stt.transcribe(silence(1))
+
+
+def test_a_base_url_is_required() -> None:
+    with pytest.raises(registry.BackendUnavailable, match="needs --stt-base-url"):
+        registry.create("stt", "openai", settings_with(stt="openai"))

@@ -1,0 +1,235 @@
+"""A process-wide dynamic batching worker for one model.
+
+Requests from every session wait in one of two bounded queues, finals before
+partials. When the first request arrives the worker waits up to ``max_wait_s``
+for more (or until ``max_batch`` are waiting), then runs the whole batch in
+its one dedicated thread, so one model (and one GPU) serves many calls and
+blocking inference never runs on the event loop.
+
+Partials (live transcripts of speech in progress) are the bounded compute
+budget: a batch is either all finals or all partials, partials only run when
+no final is waiting, and a partial is refused outright (``None``) while
+finals are queued or running, or while the partial queue is full. So partials
+never share a batch with a final nor make one wait behind them in the queue;
+the most a final can wait for is one partial batch already running.
+
+A request cancelled while queued (barge-in, hang-up) is dropped before its
+batch runs; one cancelled while its batch runs gets no result delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Literal, TypeVar
+
+from voice_agent.backends.base import InferenceWorker
+from voice_agent.backends.samples import Samples
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Res = TypeVar("Res")
+Priority = Literal["final", "partial"]
+
+
+class WorkerClosed(RuntimeError):
+    """The worker was closed while a request waited."""
+
+
+@dataclass
+class _Request(Generic[Req, Res]):
+    item: Req
+    priority: Priority
+    future: asyncio.Future[Res]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class BatchStats:
+    """What the worker has done since it started."""
+
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # size -> batches
+    queue_wait: Samples = field(default_factory=Samples)
+    inference: Samples = field(default_factory=Samples)
+    requests: dict[str, int] = field(
+        default_factory=lambda: {"final": 0, "partial": 0, "partial_skipped": 0, "cancelled": 0}
+    )
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "batch_sizes": {str(size): n for size, n in sorted(self.batch_sizes.items())},
+            "batches": sum(self.batch_sizes.values()),
+            "max_batch_seen": max(self.batch_sizes, default=0),
+            "queue_wait": self.queue_wait.summary_ms(),
+            "inference": self.inference.summary_ms(),
+            "requests": dict(self.requests),
+        }
+
+
+class BatchingWorker(Generic[Req, Res]):
+    def __init__(
+        self,
+        name: str,
+        run_batch: Callable[[list[Req]], Sequence[Res]],
+        max_batch: int,
+        max_wait_s: float,
+        max_queue: int = 256,
+        max_partials: int = 64,
+    ) -> None:
+        if max_batch < 1 or max_wait_s < 0 or max_queue < 1:
+            raise ValueError("max_batch and max_queue must be >= 1, max_wait_s >= 0")
+        self.name = name
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self._run_batch = run_batch
+        self._thread = InferenceWorker(name)
+        self._finals: deque[_Request[Req, Res]] = deque()
+        self._partials: deque[_Request[Req, Res]] = deque()
+        self._max_partials = max_partials
+        # Bounded: a final waits for room (backpressure), a partial is refused.
+        self._room = asyncio.Semaphore(max_queue)
+        self._arrived = asyncio.Event()
+        self._running: Priority | None = None
+        self._in_flight: list[_Request[Req, Res]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.stats = BatchStats()
+
+    # -- submitting -----------------------------------------------------------
+    async def submit(self, item: Req) -> Res:
+        """Queue a final request and wait for its result. Cancelling the
+        caller removes the request (if its batch hasn't started)."""
+        self._check_open()
+        async with self._room:
+            return await self._enqueue(item, "final", self._finals)
+
+    async def submit_partial(self, item: Req) -> Res | None:
+        """Run a low-priority request, or return None at once when finals are
+        waiting or running (or too many partials are queued)."""
+        self._check_open()
+        if (
+            self._finals
+            or self._running == "final"
+            or len(self._partials) >= self._max_partials
+            or self._room.locked()
+        ):
+            self.stats.requests["partial_skipped"] += 1
+            return None
+        async with self._room:
+            return await self._enqueue(item, "partial", self._partials)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WorkerClosed(f"{self.name} worker is closed")
+
+    async def _enqueue(
+        self, item: Req, priority: Priority, queue: deque[_Request[Req, Res]]
+    ) -> Res:
+        future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
+        request = _Request(item, priority, future)
+        queue.append(request)
+        self.stats.requests[priority] += 1
+        self._arrived.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name=f"{self.name}-batcher")
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Still queued: take it out now so it neither runs nor holds room.
+            with contextlib.suppress(ValueError):
+                queue.remove(request)
+            self.stats.requests["cancelled"] += 1
+            raise
+
+    # -- the batching loop ------------------------------------------------------
+    def _pending(self) -> int:
+        return len(self._finals) + len(self._partials)
+
+    async def _loop(self) -> None:
+        while True:
+            while not self._pending():
+                self._arrived.clear()
+                await self._arrived.wait()
+            await self._gather()
+            batch = self._take()
+            if batch:
+                await self._run(batch)
+
+    async def _gather(self) -> None:
+        """Wait for more requests until the batch is full or the oldest
+        waiting one has waited ``max_wait_s``."""
+        oldest = min(queue[0].enqueued for queue in (self._finals, self._partials) if queue)
+        while self._pending() < self.max_batch:
+            remaining = oldest + self.max_wait_s - time.monotonic()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._arrived.wait()
+
+    def _take(self) -> list[_Request[Req, Res]]:
+        queue = self._finals if self._finals else self._partials
+        batch: list[_Request[Req, Res]] = []
+        while queue and len(batch) < self.max_batch:
+            request = queue.popleft()
+            if not request.future.done():  # cancelled while queued
+                batch.append(request)
+        return batch
+
+    async def _run(self, batch: list[_Request[Req, Res]]) -> None:
+        started = time.monotonic()
+        for request in batch:
+            self.stats.queue_wait.add(started - request.enqueued)
+        self._running = batch[0].priority
+        self._in_flight = batch
+        try:
+            results = await self._thread.run(self._run_batch, [r.item for r in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)} inputs")
+        except Exception as exc:
+            log.warning("batch failed", exc_info=True, extra={"worker": self.name})
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(exc)
+            return
+        finally:
+            self._running = None
+            self._in_flight = []
+        elapsed = time.monotonic() - started
+        self.stats.inference.add(elapsed)
+        self.stats.batch_sizes[len(batch)] = self.stats.batch_sizes.get(len(batch), 0) + 1
+        log.debug(
+            "batch done",
+            extra={
+                "worker": self.name,
+                "size": len(batch),
+                "priority": batch[0].priority,
+                "inference_ms": round(elapsed * 1000, 1),
+            },
+        )
+        for request, result in zip(batch, results, strict=True):
+            if not request.future.done():  # its caller may have gone meanwhile
+                request.future.set_result(result)
+
+    def close(self) -> None:
+        """Fail whatever waits, stop the loop and the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        log.info("batching worker stopped", extra={"worker": self.name, **self.stats.snapshot()})
+        if self._task is not None:
+            self._task.cancel()
+        waiting = [*self._in_flight, *self._finals, *self._partials]
+        self._finals.clear()
+        self._partials.clear()
+        for request in waiting:
+            if not request.future.done():
+                request.future.set_exception(WorkerClosed(f"{self.name} worker closed"))
+        self._thread.close()

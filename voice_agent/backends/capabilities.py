@@ -1,0 +1,30 @@
+"""Optional abilities a backend may have beyond its kind's protocol.
+
+Checked with ``isinstance`` at run time, so a backend without them (the
+embedded faster-whisper, say) needs no stubs.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class PartialTranscriber(Protocol):
+    """Transcribes speech still in progress at low priority."""
+
+    default_partial_interval_ms: int
+
+    async def transcribe_partial(self, audio: np.ndarray) -> str | None:
+        """Transcript of 16 kHz int16 audio so far, or None when the model is
+        busy with final transcripts (the partial is skipped, not queued)."""
+        ...
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    def stats(self) -> dict[str, object]:
+        """JSON-ready counters for ``/v1/stats``."""
+        ...

@@ -1,0 +1,131 @@
+"""Remote speech-to-text over the OpenAI wire format.
+
+``POST {base_url}/audio/transcriptions`` with a multipart WAV upload, as
+served by OpenAI, vLLM, NVIDIA NIM and others, so STT can run on separate
+GPU machines. The server batches across requests itself; here every
+utterance is one request.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+import wave
+
+import aiohttp
+import numpy as np
+
+from voice_agent.backends.registry import BackendUnavailable
+from voice_agent.backends.samples import Samples
+from voice_agent.config import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "whisper-1"
+SAMPLE_RATE = 16_000
+
+
+class RemoteSttError(RuntimeError):
+    """The STT server could not be reached or did not give a transcript."""
+
+
+def wav_bytes(audio: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(2)
+        handle.setframerate(SAMPLE_RATE)
+        handle.writeframes(audio.astype("<i2", copy=False).tobytes())
+    return buffer.getvalue()
+
+
+class OpenAIStt:
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        model: str,
+        language: str | None,
+        timeout_s: float,
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/audio/transcriptions"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._model = model
+        self._language = language
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._latency = Samples()
+        self._errors = 0
+
+    async def transcribe(self, audio: np.ndarray) -> str:
+        form = aiohttp.FormData()
+        form.add_field("file", wav_bytes(audio), filename="audio.wav", content_type="audio/wav")
+        form.add_field("model", self._model)
+        form.add_field("response_format", "json")
+        if self._language:
+            form.add_field("language", self._language)
+        started = time.monotonic()
+        try:
+            # One connection per utterance: nothing outlives the request, so
+            # there is nothing to close when a caller is cancelled.
+            async with (
+                aiohttp.ClientSession(timeout=self._timeout) as http,
+                http.post(self.url, data=form, headers=self._headers) as response,
+            ):
+                body = await response.text()
+                if response.status != 200:
+                    raise RemoteSttError(
+                        f"STT server {self.url} answered {response.status}: {body[:300]}"
+                    )
+        except aiohttp.ClientError as exc:
+            self._errors += 1
+            raise RemoteSttError(f"cannot reach STT server {self.url}: {exc}") from exc
+        except TimeoutError:
+            self._errors += 1
+            raise RemoteSttError(
+                f"STT server {self.url} gave no answer within {self._timeout.total} s"
+            ) from None
+        except RemoteSttError:
+            self._errors += 1
+            raise
+        try:
+            text = json.loads(body)["text"]
+            if not isinstance(text, str):
+                raise TypeError(type(text).__name__)
+        except (ValueError, KeyError, TypeError) as exc:
+            self._errors += 1
+            raise RemoteSttError(
+                f"STT server {self.url} sent no transcript ({exc!r}): {body[:300]}"
+            ) from None
+        self._latency.add(time.monotonic() - started)
+        return text.strip()
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "backend": self.name,
+            "url": self.url,
+            "requests": self._latency.summary_ms(),
+            "errors": self._errors,
+        }
+
+    def close(self) -> None:
+        pass  # no connection outlives a request
+
+
+def create(settings: Settings) -> OpenAIStt:
+    if not settings.stt_base_url:
+        raise BackendUnavailable(
+            "--stt openai needs --stt-base-url (e.g. http://gpu-host:8000/v1 for vLLM, "
+            "https://api.openai.com/v1 for OpenAI)"
+        )
+    model = settings.stt_model if "stt_model" in settings.model_fields_set else DEFAULT_MODEL
+    return OpenAIStt(
+        settings.stt_base_url,
+        settings.stt_api_key,
+        model,
+        settings.stt_language,
+        settings.stt_timeout_s,
+    )
