@@ -144,3 +144,64 @@ async def test_a_failing_batch_fails_its_requests_only() -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError):
         BatchingWorker("t", lambda b: b, max_batch=0, max_wait_s=0.0)
+
+
+async def test_close_fails_a_final_still_waiting_for_queue_room() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0, max_queue=1)
+    running = await hold(model, worker)
+    waiting = asyncio.create_task(worker.submit(1))  # no room: the running final holds it
+    await asyncio.sleep(0.05)
+    worker.close()
+    model.gate.set()
+    async with asyncio.timeout(10):
+        for task in (running, waiting):
+            with pytest.raises(WorkerClosed):
+                await task
+    assert model.batches == [[-1]]
+
+
+class Fatal(BaseException):
+    """Not an Exception: would end whatever task it reached."""
+
+
+@pytest.mark.parametrize("error", [StopIteration("done"), Fatal("boom")], ids=repr)
+async def test_a_model_raising_what_a_future_cannot_hold_fails_its_request_only(
+    error: BaseException,
+) -> None:
+    def model(batch: list[int]) -> list[int]:
+        if 0 in batch:
+            raise error
+        return [2 * x for x in batch]
+
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
+    try:
+        async with asyncio.timeout(10):
+            with pytest.raises(RuntimeError, match="the model raised") as raised:
+                await worker.submit(0)
+            assert raised.value.__cause__ is error
+            assert await worker.submit(5) == 10  # the worker still serves
+    finally:
+        worker.close()
+
+
+async def test_a_dead_batching_loop_fails_its_requests_and_is_restarted() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
+    try:
+        running = await hold(model, worker)
+        queued = asyncio.create_task(worker.submit(1))
+        await asyncio.sleep(0.05)
+        loop_task = worker._task
+        assert loop_task is not None
+        loop_task.cancel()  # stands in for a bug that ends the loop
+        async with asyncio.timeout(10):
+            for task in (running, queued):
+                with pytest.raises(RuntimeError, match="batching loop stopped"):
+                    await task
+        model.gate.set()
+        async with asyncio.timeout(10):
+            assert await worker.submit(3) == 6
+        assert worker._task is not loop_task
+    finally:
+        worker.close()

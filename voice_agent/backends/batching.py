@@ -131,6 +131,9 @@ class BatchingWorker(Generic[Req, Res]):
     async def _enqueue(
         self, item: Req, priority: Priority, queue: deque[_Request[Req, Res]]
     ) -> Res:
+        # close() may have run while this request waited for room: nothing
+        # would ever take it off the queue.
+        self._check_open()
         future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
         request = _Request(item, priority, future)
         queue.append(request)
@@ -138,6 +141,7 @@ class BatchingWorker(Generic[Req, Res]):
         self._arrived.set()
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name=f"{self.name}-batcher")
+            self._task.add_done_callback(self._on_loop_done)
         try:
             return await future
         except asyncio.CancelledError:
@@ -148,6 +152,32 @@ class BatchingWorker(Generic[Req, Res]):
             raise
 
     # -- the batching loop ------------------------------------------------------
+    def _on_loop_done(self, task: asyncio.Task[None]) -> None:
+        """The loop only ends when close() cancels it. If it dies otherwise
+        (a bug), whatever waits would wait forever: fail it, and let the next
+        request start a fresh loop."""
+        if self._task is task:
+            self._task = None
+        if self._closed:
+            return
+        error = None if task.cancelled() else task.exception()
+        log.error(
+            "batching loop died",
+            exc_info=error,
+            extra={"worker": self.name, "cancelled": task.cancelled()},
+        )
+        self._fail_all(RuntimeError(f"{self.name} batching loop stopped: {error!r}"))
+        self._running = None
+
+    def _fail_all(self, error: Exception) -> None:
+        waiting = [*self._in_flight, *self._finals, *self._partials]
+        self._in_flight = []
+        self._finals.clear()
+        self._partials.clear()
+        for request in waiting:
+            if not request.future.done():
+                request.future.set_exception(error)
+
     def _pending(self) -> int:
         return len(self._finals) + len(self._partials)
 
@@ -190,18 +220,18 @@ class BatchingWorker(Generic[Req, Res]):
         self._running = batch[0].priority
         self._in_flight = batch
         try:
-            results = await self._thread.run(self._run_batch, [r.item for r in batch])
+            results = await self._thread.run(self._call_model, [r.item for r in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)} inputs")
         except Exception as exc:
+            self._running, self._in_flight = None, []
             log.warning("batch failed", exc_info=True, extra={"worker": self.name})
             for request in batch:
                 if not request.future.done():
                     request.future.set_exception(exc)
             return
-        finally:
-            self._running = None
-            self._in_flight = []
+        # (Cancelled: close() or the loop's done-callback fails the batch.)
+        self._running, self._in_flight = None, []
         elapsed = time.monotonic() - started
         self.stats.inference.add(elapsed)
         self.stats.batch_sizes[len(batch)] = self.stats.batch_sizes.get(len(batch), 0) + 1
@@ -218,6 +248,19 @@ class BatchingWorker(Generic[Req, Res]):
             if not request.future.done():  # its caller may have gone meanwhile
                 request.future.set_result(result)
 
+    def _call_model(self, items: list[Req]) -> Sequence[Res]:
+        """Runs in the worker thread. Whatever the model raises must reach the
+        callers as an ordinary exception: asyncio cannot put StopIteration
+        into a future, and a BaseException would end the batching loop."""
+        try:
+            return self._run_batch(items)
+        except StopIteration as exc:
+            raise RuntimeError(f"{self.name}: the model raised {exc!r}") from exc
+        except Exception:
+            raise
+        except BaseException as exc:
+            raise RuntimeError(f"{self.name}: the model raised {exc!r}") from exc
+
     def close(self) -> None:
         """Fail whatever waits, stop the loop and the thread."""
         if self._closed:
@@ -226,10 +269,5 @@ class BatchingWorker(Generic[Req, Res]):
         log.info("batching worker stopped", extra={"worker": self.name, **self.stats.snapshot()})
         if self._task is not None:
             self._task.cancel()
-        waiting = [*self._in_flight, *self._finals, *self._partials]
-        self._finals.clear()
-        self._partials.clear()
-        for request in waiting:
-            if not request.future.done():
-                request.future.set_exception(WorkerClosed(f"{self.name} worker closed"))
+        self._fail_all(WorkerClosed(f"{self.name} worker closed"))
         self._thread.close()
