@@ -111,6 +111,24 @@ async def test_finals_run_before_partials_and_partials_are_skipped_when_busy() -
     assert worker.stats.requests["partial_skipped"] == 2
 
 
+async def test_partial_batches_stay_small_so_a_final_waits_for_little() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=8, max_wait_s=0.05, max_partial_batch=2)
+    try:
+        model.gate.clear()
+        model.entered.clear()
+        first = asyncio.create_task(worker.submit_partial(0))
+        await asyncio.to_thread(model.entered.wait, 10)  # a partial batch runs
+        queued = [asyncio.create_task(worker.submit_partial(i)) for i in range(1, 6)]
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        results = await asyncio.gather(first, *queued)
+    finally:
+        worker.close()
+    assert results == [0, 2, 4, 6, 8, 10]
+    assert model.batches == [[0], [1, 2], [3, 4], [5]]
+
+
 async def test_close_fails_waiting_requests_and_refuses_new_ones() -> None:
     model = Model()
     worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
@@ -144,6 +162,8 @@ async def test_a_failing_batch_fails_its_requests_only() -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError):
         BatchingWorker("t", lambda b: b, max_batch=0, max_wait_s=0.0)
+    with pytest.raises(ValueError):
+        BatchingWorker("t", lambda b: b, max_batch=1, max_wait_s=0.0, max_partial_batch=0)
 
 
 async def test_close_fails_a_final_still_waiting_for_queue_room() -> None:

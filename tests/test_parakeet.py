@@ -143,6 +143,23 @@ async def test_a_request_cancelled_while_queued_never_yields_an_event(
         stt.close()
 
 
+async def test_a_partial_of_a_long_turn_is_skipped_without_reaching_the_model(
+    parakeet: SttBackend,
+) -> None:
+    # Each partial re-transcribes the turn so far: past --stt-partial-max-s
+    # (8 s by default) it is refused, so a final never waits behind long ones.
+    assert isinstance(parakeet, ParakeetStt)
+    speech = phrase_audio("goforward")
+    before = parakeet.stats()
+    assert await parakeet.transcribe_partial(np.concatenate((speech, silence(6.0)))) is None
+    after = parakeet.stats()
+    skipped = before["partial_too_long"]
+    assert isinstance(skipped, int) and after["partial_too_long"] == skipped + 1
+    assert after["requests"] == before["requests"] and after["batches"] == before["batches"]
+    # A shorter turn still gets its partial.
+    assert await parakeet.transcribe_partial(speech) == "go forward ten meters"
+
+
 class _NoOutput:
     """Assistant audio goes nowhere: this test is about the user's side."""
 

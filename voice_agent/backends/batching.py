@@ -11,7 +11,9 @@ budget: a batch is either all finals or all partials, partials only run when
 no final is waiting, and a partial is refused outright (``None``) while
 finals are queued or running, or while the partial queue is full. So partials
 never share a batch with a final nor make one wait behind them in the queue;
-the most a final can wait for is one partial batch already running.
+the most a final can wait for is one partial batch already running, and a
+partial batch holds at most ``max_partial_batch`` requests (the backend
+bounds each one's length).
 
 A request cancelled while queued (barge-in, hang-up) is dropped before its
 batch runs; one cancelled while its batch runs gets no result delivered.
@@ -81,11 +83,15 @@ class BatchingWorker(Generic[Req, Res]):
         max_wait_s: float,
         max_queue: int = 256,
         max_partials: int = 64,
+        max_partial_batch: int = 2,
     ) -> None:
-        if max_batch < 1 or max_wait_s < 0 or max_queue < 1:
-            raise ValueError("max_batch and max_queue must be >= 1, max_wait_s >= 0")
+        if max_batch < 1 or max_wait_s < 0 or max_queue < 1 or max_partial_batch < 1:
+            raise ValueError(
+                "max_batch, max_partial_batch and max_queue must be >= 1, max_wait_s >= 0"
+            )
         self.name = name
         self.max_batch = max_batch
+        self.max_partial_batch = max_partial_batch
         self.max_wait_s = max_wait_s
         self._run_batch = run_batch
         self._thread = InferenceWorker(name)
@@ -195,7 +201,7 @@ class BatchingWorker(Generic[Req, Res]):
         """Wait for more requests until the batch is full or the oldest
         waiting one has waited ``max_wait_s``."""
         oldest = min(queue[0].enqueued for queue in (self._finals, self._partials) if queue)
-        while self._pending() < self.max_batch:
+        while self._pending() < (self.max_batch if self._finals else self.max_partial_batch):
             remaining = oldest + self.max_wait_s - time.monotonic()
             if remaining <= 0:
                 return
@@ -205,9 +211,13 @@ class BatchingWorker(Generic[Req, Res]):
                     await self._arrived.wait()
 
     def _take(self) -> list[_Request[Req, Res]]:
-        queue = self._finals if self._finals else self._partials
+        queue, limit = (
+            (self._finals, self.max_batch)
+            if self._finals
+            else (self._partials, self.max_partial_batch)
+        )
         batch: list[_Request[Req, Res]] = []
-        while queue and len(batch) < self.max_batch:
+        while queue and len(batch) < limit:
             request = queue.popleft()
             if not request.future.done():  # cancelled while queued
                 batch.append(request)

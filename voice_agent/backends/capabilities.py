@@ -19,7 +19,8 @@ class PartialTranscriber(Protocol):
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         """Transcript of 16 kHz int16 audio so far, or None when the model is
-        busy with final transcripts (the partial is skipped, not queued)."""
+        busy with final transcripts or the audio is longer than the backend
+        allows for partials (the partial is skipped, not queued)."""
         ...
 
 

@@ -84,7 +84,14 @@ class ParakeetStt:
     default_partial_interval_ms = 500
 
     def __init__(
-        self, model: str, device: str, threads: int, max_batch: int, batch_wait_ms: int
+        self,
+        model: str,
+        device: str,
+        threads: int,
+        max_batch: int,
+        batch_wait_ms: int,
+        partial_max_batch: int = 2,
+        partial_max_s: float = 8.0,
     ) -> None:
         import torch
 
@@ -111,8 +118,16 @@ class ParakeetStt:
         self.device = device
         self.model_path = path
         self._worker: BatchingWorker[np.ndarray, str] = BatchingWorker(
-            "stt-batch", self._transcribe_batch, max_batch, batch_wait_ms / 1000.0
+            "stt-batch",
+            self._transcribe_batch,
+            max_batch,
+            batch_wait_ms / 1000.0,
+            max_partial_batch=partial_max_batch,
         )
+        # Each partial re-transcribes the turn so far: past this length a
+        # partial batch could hold up a final for too long.
+        self._partial_max_samples = int(partial_max_s * 16000)
+        self._partials_too_long = 0
         log.info(
             "stt model loaded",
             extra={
@@ -152,10 +167,18 @@ class ParakeetStt:
         return await self._worker.submit(audio)
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
+        if len(audio) > self._partial_max_samples:
+            self._partials_too_long += 1
+            return None
         return await self._worker.submit_partial(audio)
 
     def stats(self) -> dict[str, object]:
-        return {"backend": self.name, "device": self.device, **self._worker.stats.snapshot()}
+        return {
+            "backend": self.name,
+            "device": self.device,
+            **self._worker.stats.snapshot(),
+            "partial_too_long": self._partials_too_long,
+        }
 
     def close(self) -> None:
         self._worker.close()
@@ -171,4 +194,6 @@ def create(settings: Settings) -> ParakeetStt:
         settings.stt_threads,
         settings.stt_max_batch,
         settings.stt_batch_wait_ms,
+        settings.stt_partial_max_batch,
+        settings.stt_partial_max_s,
     )
