@@ -25,6 +25,23 @@ class PartialTranscriber(Protocol):
 
 
 @runtime_checkable
+class WarmsUp(Protocol):
+    """A local model whose first call pays for lazy initialisation. Remote
+    backends lack this: a warm-up request to them would be billed."""
+
+    async def warm_up(self) -> None:
+        """Run the model once at start-up."""
+        ...
+
+
+@runtime_checkable
+class ClosesAsync(Protocol):
+    """Holds connections that can only be closed on the event loop."""
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
 class ReportsStats(Protocol):
     def stats(self) -> dict[str, object]:
         """JSON-ready counters for ``/v1/stats``."""

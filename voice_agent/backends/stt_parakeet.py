@@ -163,6 +163,9 @@ class ParakeetStt:
             texts[i] = text.strip()
         return texts
 
+    async def warm_up(self) -> None:
+        await self.transcribe(np.zeros(16000, dtype=np.int16))
+
     async def transcribe(self, audio: np.ndarray) -> str:
         return await self._worker.submit(audio)
 
