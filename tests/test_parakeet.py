@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,26 @@ def test_an_uncached_pretrained_name_fails_without_downloading(tmp_path: Path) -
     message = str(error.value)
     assert "'nvidia/no-such-parakeet'" in message and "local Hugging Face cache" in message
     assert "huggingface-cli download nvidia/no-such-parakeet" in message
+
+
+async def test_a_nemo_pretrained_name_is_found_in_nemos_cache(
+    tiny_nemo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where ASRModel.from_pretrained("tiny_ctc") would have saved it.
+    cached = tmp_path / "tiny_ctc" / "0123abcd" / "tiny_ctc.nemo"
+    cached.parent.mkdir(parents=True)
+    shutil.copy(tiny_nemo_model, cached)
+    monkeypatch.setenv("NEMO_CACHE_DIR", str(tmp_path))
+    stt = await load_stt(parakeet_settings(Path("tiny_ctc")))
+    try:
+        assert isinstance(stt, ParakeetStt) and stt.model_path == cached
+        assert await stt.transcribe(phrase_audio("goforward")) == "go forward ten meters"
+    finally:
+        stt.close()
+    with pytest.raises(registry.BackendUnavailable) as error:
+        registry.create("stt", "parakeet", parakeet_settings(Path("stt_en_no_such_model")))
+    message = str(error.value)
+    assert "'stt_en_no_such_model'" in message and f"NeMo's local cache ({tmp_path})" in message
 
 
 def test_a_corrupt_model_file_is_a_clear_error(tmp_path: Path) -> None:

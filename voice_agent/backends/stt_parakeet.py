@@ -2,9 +2,10 @@
 
 One model per process, shared by every session through a dynamic batching
 worker. On CUDA it runs under half-precision autocast; on the CPU in fp32.
-The model comes from a ``.nemo`` file or from a pretrained name that is
-already in the local Hugging Face cache: start-up never downloads, and says
-exactly how to provide the model when it is missing.
+The model comes from a ``.nemo`` file, from a Hugging Face repo id
+("org/name") already in the local Hugging Face cache, or from one of NeMo's
+own pretrained names (no slash) already in NeMo's cache: start-up never
+downloads, and says exactly how to provide the model when it is missing.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ HOW_TO_PROVIDE = (
     "downloadable from https://huggingface.co/nvidia/parakeet-tdt-0.6b-v2), or the name of a "
     "pretrained model already in the local Hugging Face cache (populate it on a machine with "
     "network access with `huggingface-cli download {name}` and copy ~/.cache/huggingface, or "
-    "set HF_HOME to where it is)."
+    "set HF_HOME to where it is), or one of NeMo's own pretrained names already in NeMo's cache "
+    "(~/.cache/torch/NeMo/NeMo_<version>, or NEMO_CACHE_DIR)."
 )
 
 
@@ -43,16 +45,18 @@ def _nemo_file_for(reference: str) -> Path:
     path = Path(reference).expanduser()
     if path.is_file():
         return path
-    # Anything but an "org/name" repo id is meant as a file.
+    # Anything but an "org/name" repo id or a bare NeMo name is meant as a file.
     if (
         reference.endswith(".nemo")
         or reference.startswith(("/", ".", "~"))
-        or (reference.count("/") != 1)
+        or (reference.count("/") > 1)
     ):
         raise BackendUnavailable(
             f"parakeet model file {reference} does not exist. "
             + HOW_TO_PROVIDE.format(name=DEFAULT_MODEL)
         )
+    if "/" not in reference:
+        return _nemo_cache_file(reference)
     from huggingface_hub import snapshot_download
 
     try:
@@ -69,6 +73,21 @@ def _nemo_file_for(reference: str) -> Path:
             + HOW_TO_PROVIDE.format(name=reference)
         )
     return files[0]
+
+
+def _nemo_cache_file(name: str) -> Path:
+    """Where ``ASRModel.from_pretrained(name)`` keeps its download:
+    <cache>/<name>/<md5 of its source>/<name>.nemo."""
+    from nemo.utils.data_utils import resolve_cache_dir
+
+    cache = Path(resolve_cache_dir())
+    files = sorted(cache.glob(f"{name}/*/{name}.nemo"), key=lambda f: f.stat().st_mtime)
+    if not files:
+        raise BackendUnavailable(
+            f"parakeet model {name!r} is neither a .nemo file nor in NeMo's local cache "
+            f"({cache}). " + HOW_TO_PROVIDE.format(name=DEFAULT_MODEL)
+        )
+    return files[-1]  # the newest download
 
 
 def _texts(output: Any) -> list[str]:
