@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from tests.audio_data import silence
-from tests.conftest import RunningServer, run_server, test_settings
+from tests.conftest import RunningServer, run_server
+from tests.conftest import test_settings as settings_with
 from tests.stt_fixtures import engine_with_stt, load_stt, parakeet_settings
-from tests.tiny_nemo import PHRASES, phrase_audio
+from tests.tiny_nemo import PHRASES, build_untrained_transducer, phrase_audio
 from voice_agent.backends import registry
 from voice_agent.backends.base import SttBackend
 from voice_agent.backends.stt_parakeet import ParakeetStt
@@ -200,6 +201,30 @@ class _NoOutput:
         pass
 
 
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+async def test_transducer_models_give_one_text_per_utterance(kind: str, tmp_path: Path) -> None:
+    model = await asyncio.to_thread(build_untrained_transducer, tmp_path, kind)
+    stt = await load_stt(parakeet_settings(model))
+    try:
+        assert isinstance(stt, ParakeetStt)
+        decoding = stt._model.cfg.decoding
+        assert decoding.get("model_type", "rnnt") == kind
+        # Random weights, so the words are nonsense: what is checked is that
+        # NeMo's Hypothesis objects become one string per utterance, in order,
+        # for a batch of different lengths (one too short to decode).
+        noise = np.random.default_rng(0).normal(0, 3000, 3 * 16000).astype(np.int16)
+        batch = [noise, silence(0.05), noise[:16000], phrase_audio("goforward")]
+        texts = await asyncio.to_thread(stt._transcribe_batch, batch)
+        assert isinstance(texts, list) and len(texts) == len(batch)
+        assert all(isinstance(text, str) for text in texts) and texts[1] == ""
+        # And one by one through the batching worker (random weights: the
+        # text may differ with padding, so only its form is checked).
+        alone = [await stt.transcribe(audio) for audio in batch]
+        assert all(isinstance(text, str) for text in alone) and alone[1] == ""
+    finally:
+        stt.close()
+
+
 def test_a_missing_model_file_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "parakeet-tdt-0.6b-v2.nemo"
     with pytest.raises(registry.BackendUnavailable) as error:
@@ -278,10 +303,10 @@ def test_partials_are_on_by_default_for_parakeet_only(
 ) -> None:
     assert engine.models is not None and engine.models.stt.name == "faster-whisper"
     remote = registry.create(
-        "stt", "openai", test_settings(stt="openai", stt_base_url="http://127.0.0.1:9/v1")
+        "stt", "openai", settings_with(stt="openai", stt_base_url="http://127.0.0.1:9/v1")
     )
     defaults = {
-        stt.name: engine_with_stt(engine, stt, test_settings()).session_config()
+        stt.name: engine_with_stt(engine, stt, settings_with()).session_config()
         for stt in (parakeet, engine.models.stt, remote)
     }
     assert {name: c.partial_interval_ms for name, c in defaults.items()} == {
@@ -290,5 +315,5 @@ def test_partials_are_on_by_default_for_parakeet_only(
         "openai": 0,
     }
     # The setting wins over the backend's default.
-    chosen = engine_with_stt(engine, parakeet, test_settings(stt_partial_interval_ms=250))
+    chosen = engine_with_stt(engine, parakeet, settings_with(stt_partial_interval_ms=250))
     assert chosen.session_config().partial_interval_ms == 250
