@@ -131,8 +131,8 @@ class OpenAIStt:
 
     def close(self) -> None:
         """Synchronous callers: the pool is closed on the running loop."""
+        self._closed = True
         if self._http is None:
-            self._closed = True
             return
         with contextlib.suppress(RuntimeError):  # no loop runs: it went with the pool
             self._closing = asyncio.get_running_loop().create_task(self.aclose())
