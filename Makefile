@@ -56,14 +56,18 @@ $(STAMP): pyproject.toml constraints.txt $(WHEELS)/.llama-cpp-built | $(PY)
 	@touch $@
 
 # The parakeet extra (NeMo + CPU torch, ~2 GB, ~2 min) only for the tests and
-# for --stt parakeet; `make run` never installs it. NeMo's stack needs
-# fsspec<2026 and packaging 24.2: those two pins give way to
-# constraints-parakeet.txt, every other pin of constraints.txt holds.
-$(PARAKEET_STAMP): $(STAMP) constraints-parakeet.txt
+# for --stt parakeet; `make run` never installs it. constraints.txt already
+# pins the fsspec and packaging versions NeMo's stack needs, so both files
+# hold together and reinstalling the base never breaks NeMo. Torch comes
+# first and alone from TORCH_INDEX (the CPU build; PyPI's is the CUDA one);
+# without network access pip falls back to its local wheels after a few
+# retries. TORCH_INDEX= (empty) takes torch from the ordinary indexes.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+$(PARAKEET_STAMP): $(STAMP) constraints.txt constraints-parakeet.txt
 	@echo "==> installing the parakeet extra (NeMo, CPU torch) into $(VENV)"
-	grep -v -E '^(fsspec|packaging)==' constraints.txt > $(VENV)/constraints-merged.txt
-	cat constraints-parakeet.txt >> $(VENV)/constraints-merged.txt
-	$(PIP) install --quiet -c $(VENV)/constraints-merged.txt -e '.[parakeet]'
+	$(PIP) install --quiet --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+		"$$(grep -E '^torch==' constraints-parakeet.txt)"
+	$(PIP) install --quiet -c constraints.txt -c constraints-parakeet.txt -e '.[parakeet]'
 	@touch $@
 
 install-parakeet: $(PARAKEET_STAMP)

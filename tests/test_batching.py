@@ -111,6 +111,24 @@ async def test_finals_run_before_partials_and_partials_are_skipped_when_busy() -
     assert worker.stats.requests["partial_skipped"] == 2
 
 
+async def test_partial_batches_stay_small_so_a_final_waits_for_little() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=8, max_wait_s=0.05, max_partial_batch=2)
+    try:
+        model.gate.clear()
+        model.entered.clear()
+        first = asyncio.create_task(worker.submit_partial(0))
+        await asyncio.to_thread(model.entered.wait, 10)  # a partial batch runs
+        queued = [asyncio.create_task(worker.submit_partial(i)) for i in range(1, 6)]
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        results = await asyncio.gather(first, *queued)
+    finally:
+        worker.close()
+    assert results == [0, 2, 4, 6, 8, 10]
+    assert model.batches == [[0], [1, 2], [3, 4], [5]]
+
+
 async def test_close_fails_waiting_requests_and_refuses_new_ones() -> None:
     model = Model()
     worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
@@ -144,3 +162,66 @@ async def test_a_failing_batch_fails_its_requests_only() -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError):
         BatchingWorker("t", lambda b: b, max_batch=0, max_wait_s=0.0)
+    with pytest.raises(ValueError):
+        BatchingWorker("t", lambda b: b, max_batch=1, max_wait_s=0.0, max_partial_batch=0)
+
+
+async def test_close_fails_a_final_still_waiting_for_queue_room() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0, max_queue=1)
+    running = await hold(model, worker)
+    waiting = asyncio.create_task(worker.submit(1))  # no room: the running final holds it
+    await asyncio.sleep(0.05)
+    worker.close()
+    model.gate.set()
+    async with asyncio.timeout(10):
+        for task in (running, waiting):
+            with pytest.raises(WorkerClosed):
+                await task
+    assert model.batches == [[-1]]
+
+
+class Fatal(BaseException):
+    """Not an Exception: would end whatever task it reached."""
+
+
+@pytest.mark.parametrize("error", [StopIteration("done"), Fatal("boom")], ids=repr)
+async def test_a_model_raising_what_a_future_cannot_hold_fails_its_request_only(
+    error: BaseException,
+) -> None:
+    def model(batch: list[int]) -> list[int]:
+        if 0 in batch:
+            raise error
+        return [2 * x for x in batch]
+
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
+    try:
+        async with asyncio.timeout(10):
+            with pytest.raises(RuntimeError, match="the model raised") as raised:
+                await worker.submit(0)
+            assert raised.value.__cause__ is error
+            assert await worker.submit(5) == 10  # the worker still serves
+    finally:
+        worker.close()
+
+
+async def test_a_dead_batching_loop_fails_its_requests_and_is_restarted() -> None:
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
+    try:
+        running = await hold(model, worker)
+        queued = asyncio.create_task(worker.submit(1))
+        await asyncio.sleep(0.05)
+        loop_task = worker._task
+        assert loop_task is not None
+        loop_task.cancel()  # stands in for a bug that ends the loop
+        async with asyncio.timeout(10):
+            for task in (running, queued):
+                with pytest.raises(RuntimeError, match="batching loop stopped"):
+                    await task
+        model.gate.set()
+        async with asyncio.timeout(10):
+            assert await worker.submit(3) == 6
+        assert worker._task is not loop_task
+    finally:
+        worker.close()

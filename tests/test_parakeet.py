@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,9 @@ import pytest
 
 from tests.audio_data import silence
 from tests.conftest import RunningServer, run_server
+from tests.conftest import test_settings as settings_with
 from tests.stt_fixtures import engine_with_stt, load_stt, parakeet_settings
-from tests.tiny_nemo import PHRASES, phrase_audio
+from tests.tiny_nemo import PHRASES, build_untrained_transducer, phrase_audio
 from voice_agent.backends import registry
 from voice_agent.backends.base import SttBackend
 from voice_agent.backends.stt_parakeet import ParakeetStt
@@ -90,57 +92,97 @@ async def test_concurrent_sessions_are_batched_and_get_the_same_transcripts(
 
 
 async def test_partial_transcripts_arrive_while_speaking(
-    parakeet_server: RunningServer, http: aiohttp.ClientSession
+    engine: Engine, parakeet: SttBackend, tiny_nemo_model: Path, http: aiohttp.ClientSession
 ) -> None:
-    client = RealtimeClient(parakeet_server.url)
-    await client.connect(http)
-    done = client.wait_for_type(TRANSCRIPT_DONE)
-    await client.mic.play(np.concatenate((silence(0.3), phrase_audio("0880"), silence(0.8))), 16000)
-    final = await asyncio.wait_for(done, 60)
-    kinds = [e["type"] for e in client.events]
-    deltas = client.of_type(TRANSCRIPT_DELTA)
-    assert deltas, "no partial transcript"
-    assert kinds.index(TRANSCRIPT_DELTA) < kinds.index("input_audio_buffer.speech_stopped")
-    assert max(i for i, k in enumerate(kinds) if k == TRANSCRIPT_DELTA) < kinds.index(
-        TRANSCRIPT_DONE
-    )
-    assert all(d["item_id"] == final["item_id"] and d["content_index"] == 0 for d in deltas)
-    # Only settled words are sent, append-only: here they are the final's start.
-    partial = "".join(d["delta"] for d in deltas).split()
-    assert partial == final["transcript"].split()[: len(partial)]
-    body = await stats(parakeet_server, http)
-    (session,) = body["stt"]["sessions"]
-    assert session["partial"]["count"] >= 1 and session["final"]["count"] == 1
-    await client.hangup(http)
+    # A long end-of-turn silence: the hypotheses of a slow machine still get
+    # to agree (settle) before speech_stopped, the moment under test.
+    settings = parakeet_settings(tiny_nemo_model, turn_silence_ms=1500)
+    async with run_server(settings, engine_with_stt(engine, parakeet, settings)) as server:
+        client = RealtimeClient(server.url)
+        await client.connect(http)
+        done = client.wait_for_type(TRANSCRIPT_DONE)
+        audio = np.concatenate((silence(0.3), phrase_audio("0880"), silence(2.0)))
+        await client.mic.play(audio, 16000)
+        final = await asyncio.wait_for(done, 60)
+        kinds = [e["type"] for e in client.events]
+        deltas = client.of_type(TRANSCRIPT_DELTA)
+        assert deltas, "no partial transcript"
+        assert kinds.index(TRANSCRIPT_DELTA) < kinds.index("input_audio_buffer.speech_stopped")
+        assert max(i for i, k in enumerate(kinds) if k == TRANSCRIPT_DELTA) < kinds.index(
+            TRANSCRIPT_DONE
+        )
+        assert all(d["item_id"] == final["item_id"] and d["content_index"] == 0 for d in deltas)
+        # Only settled words are sent, append-only: here they are the final's start.
+        partial = "".join(d["delta"] for d in deltas).split()
+        assert partial == final["transcript"].split()[: len(partial)]
+        body = await stats(server, http)
+        (session,) = body["stt"]["sessions"]
+        assert session["partial"]["count"] >= 1 and session["final"]["count"] == 1
+        await client.hangup(http)
 
 
-async def test_a_request_cancelled_while_queued_never_yields_an_event(
+class ObservedParakeet(ParakeetStt):
+    """Says when its first final request has been queued."""
+
+    submitted: asyncio.Event
+
+    async def transcribe(self, audio: np.ndarray) -> str:
+        # Set before queueing, but queueing does not yield: once a waiter
+        # wakes up the request is in the queue.
+        self.submitted.set()
+        return await super().transcribe(audio)
+
+
+async def test_a_request_cancelled_while_queued_never_reaches_the_model(
     engine: Engine, tiny_nemo_model: Path
 ) -> None:
-    # Requests wait 1 s for company, so the session closes while they queue.
-    settings = parakeet_settings(tiny_nemo_model, stt_batch_wait_ms=1000)
-    stt = await load_stt(settings)
-    assert isinstance(stt, ParakeetStt)
+    # Requests wait 5 s for company (more than the settings allow), so the
+    # session closes while they queue.
+    stt = await asyncio.to_thread(ObservedParakeet, str(tiny_nemo_model), "cpu", 2, 8, 5000)
+    stt.submitted = asyncio.Event()
+    settings = parakeet_settings(tiny_nemo_model)
     events: list[SessionEvent] = []
     shared = engine_with_stt(engine, stt, settings)
     assert shared.models is not None
     session = VoiceSession(shared.models, shared.session_config(), _NoOutput(), events.append)
+
+    def requests() -> dict[str, int]:
+        counts = stt.stats()["requests"]
+        assert isinstance(counts, dict)
+        return counts
+
     try:
         audio = np.concatenate((silence(0.3), phrase_audio("goforward"), silence(1.0)))
         for start in range(0, len(audio), 320):
             session.push_audio(audio[start : start + 320])
-        await asyncio.sleep(0.2)  # the transcription tasks start and queue
-        queued = stt.stats()["requests"]
-        assert isinstance(queued, dict) and queued["final"] >= 1  # end of turn was reached
-        await session.close()
-        await asyncio.sleep(1.5)  # past the batch wait: it would have run by now
-        requests = stt.stats()["requests"]
-        assert isinstance(requests, dict)
-        assert requests["cancelled"] >= 1
-        assert stt.stats()["batches"] == 0  # nothing reached the model
+        await asyncio.wait_for(stt.submitted.wait(), 10)
+        assert requests()["final"] >= 1
+        await session.close()  # waits for its tasks: their requests are withdrawn
+        assert requests()["cancelled"] >= 1
+        # A request made now waits out the same 5 s batch window: the one
+        # batch that runs holds it alone.
+        assert await stt.transcribe(phrase_audio("goforward")) == "go forward ten meters"
+        assert stt.stats()["batch_sizes"] == {"1": 1}
         assert not [e for e in events if isinstance(e, UserTranscript | UserTranscriptDelta)]
     finally:
         stt.close()
+
+
+async def test_a_partial_of_a_long_turn_is_skipped_without_reaching_the_model(
+    parakeet: SttBackend,
+) -> None:
+    # Each partial re-transcribes the turn so far: past --stt-partial-max-s
+    # (8 s by default) it is refused, so a final never waits behind long ones.
+    assert isinstance(parakeet, ParakeetStt)
+    speech = phrase_audio("goforward")
+    before = parakeet.stats()
+    assert await parakeet.transcribe_partial(np.concatenate((speech, silence(6.0)))) is None
+    after = parakeet.stats()
+    skipped = before["partial_too_long"]
+    assert isinstance(skipped, int) and after["partial_too_long"] == skipped + 1
+    assert after["requests"] == before["requests"] and after["batches"] == before["batches"]
+    # A shorter turn still gets its partial.
+    assert await parakeet.transcribe_partial(speech) == "go forward ten meters"
 
 
 class _NoOutput:
@@ -159,6 +201,30 @@ class _NoOutput:
         pass
 
 
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+async def test_transducer_models_give_one_text_per_utterance(kind: str, tmp_path: Path) -> None:
+    model = await asyncio.to_thread(build_untrained_transducer, tmp_path, kind)
+    stt = await load_stt(parakeet_settings(model))
+    try:
+        assert isinstance(stt, ParakeetStt)
+        decoding = stt._model.cfg.decoding
+        assert decoding.get("model_type", "rnnt") == kind
+        # Random weights, so the words are nonsense: what is checked is that
+        # NeMo's Hypothesis objects become one string per utterance, in order,
+        # for a batch of different lengths (one too short to decode).
+        noise = np.random.default_rng(0).normal(0, 3000, 3 * 16000).astype(np.int16)
+        batch = [noise, silence(0.05), noise[:16000], phrase_audio("goforward")]
+        texts = await asyncio.to_thread(stt._transcribe_batch, batch)
+        assert isinstance(texts, list) and len(texts) == len(batch)
+        assert all(isinstance(text, str) for text in texts) and texts[1] == ""
+        # And one by one through the batching worker (random weights: the
+        # text may differ with padding, so only its form is checked).
+        alone = [await stt.transcribe(audio) for audio in batch]
+        assert all(isinstance(text, str) for text in alone) and alone[1] == ""
+    finally:
+        stt.close()
+
+
 def test_a_missing_model_file_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "parakeet-tdt-0.6b-v2.nemo"
     with pytest.raises(registry.BackendUnavailable) as error:
@@ -175,6 +241,26 @@ def test_an_uncached_pretrained_name_fails_without_downloading(tmp_path: Path) -
     message = str(error.value)
     assert "'nvidia/no-such-parakeet'" in message and "local Hugging Face cache" in message
     assert "huggingface-cli download nvidia/no-such-parakeet" in message
+
+
+async def test_a_nemo_pretrained_name_is_found_in_nemos_cache(
+    tiny_nemo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where ASRModel.from_pretrained("tiny_ctc") would have saved it.
+    cached = tmp_path / "tiny_ctc" / "0123abcd" / "tiny_ctc.nemo"
+    cached.parent.mkdir(parents=True)
+    shutil.copy(tiny_nemo_model, cached)
+    monkeypatch.setenv("NEMO_CACHE_DIR", str(tmp_path))
+    stt = await load_stt(parakeet_settings(Path("tiny_ctc")))
+    try:
+        assert isinstance(stt, ParakeetStt) and stt.model_path == cached
+        assert await stt.transcribe(phrase_audio("goforward")) == "go forward ten meters"
+    finally:
+        stt.close()
+    with pytest.raises(registry.BackendUnavailable) as error:
+        registry.create("stt", "parakeet", parakeet_settings(Path("stt_en_no_such_model")))
+    message = str(error.value)
+    assert "'stt_en_no_such_model'" in message and f"NeMo's local cache ({tmp_path})" in message
 
 
 def test_a_corrupt_model_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -212,5 +298,22 @@ async def test_serve_with_a_missing_parakeet_model_exits_with_how_to_fix_it(
     assert "Traceback" not in text
 
 
-def test_parakeet_backend_has_partials_on_by_default(parakeet: SttBackend) -> None:
-    assert isinstance(parakeet, ParakeetStt) and parakeet.default_partial_interval_ms == 500
+def test_partials_are_on_by_default_for_parakeet_only(
+    engine: Engine, parakeet: SttBackend, tiny_nemo_model: Path
+) -> None:
+    assert engine.models is not None and engine.models.stt.name == "faster-whisper"
+    remote = registry.create(
+        "stt", "openai", settings_with(stt="openai", stt_base_url="http://127.0.0.1:9/v1")
+    )
+    defaults = {
+        stt.name: engine_with_stt(engine, stt, settings_with()).session_config()
+        for stt in (parakeet, engine.models.stt, remote)
+    }
+    assert {name: c.partial_interval_ms for name, c in defaults.items()} == {
+        "parakeet": 500,
+        "faster-whisper": 0,
+        "openai": 0,
+    }
+    # The setting wins over the backend's default.
+    chosen = engine_with_stt(engine, parakeet, settings_with(stt_partial_interval_ms=250))
+    assert chosen.session_config().partial_interval_ms == 250

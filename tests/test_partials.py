@@ -65,10 +65,9 @@ async def test_nothing_is_sent_after_the_turn_ends_or_when_skipped() -> None:
     await feed(partials, "item_1", 700)  # not yet another interval
     assert len(stt.requests) == 1
     await feed(partials, "item_1", 1000)
-    partials.stop()  # the turn ends while that request is in flight
-    await stt.answers.put("go forward ten")
+    partials.stop()  # the turn ends while that request is in flight (cancelled)
     await asyncio.sleep(0.01)
-    assert events == []
+    assert events == [] and len(stt.requests) == 2
     # A new turn starts from scratch.
     await feed(partials, "item_2", 500)
     await stt.answers.put("go forward")
@@ -76,5 +75,27 @@ async def test_nothing_is_sent_after_the_turn_ends_or_when_skipped() -> None:
     await feed(partials, "item_2", 1000)
     await stt.answers.put("go forward ten")
     await asyncio.sleep(0.01)
-    assert deltas(events) == ["go"]
+    assert deltas(events) == ["go forward"]
     assert partials.latency.count == 2
+    assert stt.answers.empty()  # every hypothesis was asked for
+
+
+async def test_a_result_that_lands_as_the_turn_ends_is_dropped() -> None:
+    stt, events = ScriptedRecogniser(), list[SessionEvent]()
+    partials = PartialTranscripts(stt, 500, events.append, "sess")
+    for text in ("go forward", "go forward ten"):
+        await feed(partials, "item_1", 500 * (len(stt.requests) + 1))
+        await stt.answers.put(text)
+        await asyncio.sleep(0.01)
+    assert deltas(events) == ["go forward"]
+    # The recogniser answers at once: the request has finished, but its
+    # done-callback has not run yet when the turn ends.
+    stt.answers.put_nowait("go forward ten meters please")
+    await feed(partials, "item_1", 1500)
+    task = partials._task
+    assert task is not None and task.done()
+    partials.stop()
+    await asyncio.sleep(0.01)
+    assert deltas(events) == ["go forward"]  # " ten" is never sent
+    assert partials.latency.count == 2 and len(stt.requests) == 3
+    assert stt.answers.empty()

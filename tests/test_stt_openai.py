@@ -37,13 +37,19 @@ class TranscriptionServer:
     def __init__(self, stt: SttBackend) -> None:
         self.stt = stt
         self.forms: list[dict[str, Any]] = []
+        self.requests = 0
         self.stall = asyncio.Event()
         self.stall.set()
         self.app = web.Application()
         self.app.router.add_post("/v1/audio/transcriptions", self.transcribe)
         self.app.router.add_post("/broken/audio/transcriptions", self.broken)
+        self.app.router.add_post("/latin1/audio/transcriptions", self.latin1)
+        self.peers: list[object] = []  # each request's client address
 
     async def transcribe(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        assert request.transport is not None
+        self.peers.append(request.transport.get_extra_info("peername"))
         if request.headers.get("Authorization") != f"Bearer {API_KEY}":
             return web.json_response({"error": {"message": "invalid api key"}}, status=401)
         form: dict[str, Any] = {}
@@ -61,6 +67,11 @@ class TranscriptionServer:
     async def broken(self, request: web.Request) -> web.StreamResponse:
         return web.Response(text="<html>gateway</html>", content_type="text/html")
 
+    async def latin1(self, request: web.Request) -> web.StreamResponse:
+        """Claims UTF-8, sends Latin-1."""
+        body = "Passerelle défaillante".encode("latin-1")
+        return web.Response(body=body, status=502, content_type="text/plain", charset="utf-8")
+
 
 @pytest_asyncio.fixture
 async def remote(parakeet: SttBackend) -> AsyncIterator[tuple[TranscriptionServer, str]]:
@@ -77,6 +88,17 @@ async def remote(parakeet: SttBackend) -> AsyncIterator[tuple[TranscriptionServe
         await runner.cleanup()
 
 
+_clients: list[OpenAIStt] = []
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def close_clients() -> AsyncIterator[None]:
+    """Each test's clients close their connection pools afterwards."""
+    yield
+    while _clients:
+        await _clients.pop().aclose()
+
+
 def remote_stt(base_url: str, **overrides: Any) -> OpenAIStt:
     values: dict[str, Any] = {
         "stt": "openai",
@@ -87,6 +109,7 @@ def remote_stt(base_url: str, **overrides: Any) -> OpenAIStt:
     values.update(overrides)
     stt = registry.create("stt", "openai", settings_with(**values))
     assert isinstance(stt, OpenAIStt)
+    _clients.append(stt)
     return stt
 
 
@@ -111,7 +134,8 @@ async def test_a_webrtc_call_transcribed_remotely(
     settings = settings_with(
         stt="openai", stt_base_url=url + "/v1", stt_api_key=API_KEY, stt_model="tiny-ctc"
     )
-    stt: SttBackend = registry.create("stt", "openai", settings)
+    stt = registry.create("stt", "openai", settings)
+    _clients.append(stt)
     async with run_server(settings, engine_with_stt(engine, stt, settings)) as server:
         client = RealtimeClient(server.url)
         await client.connect(http)
@@ -135,6 +159,27 @@ async def test_errors_say_what_went_wrong(remote: tuple[TranscriptionServer, str
         await remote_stt(url + "/v1", stt_timeout_s=0.3).transcribe(silence(1))
 
 
+async def test_utterances_share_one_kept_alive_connection_until_closed(
+    remote: tuple[TranscriptionServer, str],
+) -> None:
+    server, url = remote
+    stt = remote_stt(url + "/v1")
+    for _ in range(3):
+        assert await stt.transcribe(phrase_audio("goforward")) == "go forward ten meters"
+    assert len(server.peers) == 3 and len(set(server.peers)) == 1, server.peers
+    await stt.aclose()
+    with pytest.raises(RemoteSttError, match="is closed"):
+        await stt.transcribe(silence(1))
+
+
+async def test_a_body_that_is_not_utf8_is_quoted_in_the_error(
+    remote: tuple[TranscriptionServer, str],
+) -> None:
+    _, url = remote
+    with pytest.raises(RemoteSttError, match=r"answered 502: Passerelle d\ufffdfaillante"):
+        await remote_stt(url + "/latin1").transcribe(silence(1))
+
+
 @contextlib.contextmanager
 def unused_port() -> Iterator[int]:
     """A local port nobody accepts connections on."""
@@ -148,6 +193,36 @@ async def test_an_unreachable_server_is_a_clear_error() -> None:
         stt = remote_stt(f"http://127.0.0.1:{port}/v1")
         with pytest.raises(RemoteSttError, match=r"cannot reach STT server http://127.0.0.1"):
             await stt.transcribe(silence(1))
+
+
+async def test_start_up_sends_the_remote_server_nothing(
+    remote: tuple[TranscriptionServer, str],
+) -> None:
+    # A warm-up request would be billed (and, with a wrong key or a server
+    # that is down, would stop the service from starting).
+    server, url = remote
+    settings = settings_with(
+        stt="openai",
+        stt_base_url=url + "/v1",
+        stt_api_key="wrong",
+        llm_base_url=url + "/llm/v1",  # remote: no prefill request either
+    )
+    engine = Engine(settings)
+    try:
+        await engine.start()
+        assert engine.ready
+    finally:
+        await engine.stop()
+    assert server.requests == 0
+
+
+async def test_the_api_key_defaults_to_openai_api_key(
+    remote: tuple[TranscriptionServer, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url = remote
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    stt = remote_stt(url + "/v1", stt_api_key=None)
+    assert await stt.transcribe(phrase_audio("goforward")) == "go forward ten meters"
 
 
 def test_a_base_url_is_required() -> None:

@@ -189,3 +189,55 @@ def build_untrained_ctc(folder: Path, d_model: int, layers: int) -> Path:
     path = folder / f"untrained-fastconformer-ctc-{d_model}x{layers}.nemo"
     model.save_to(str(path))
     return path
+
+
+# TDT's durations: how many frames a token (or blank) may skip.
+TDT_DURATIONS = [0, 1, 2, 3, 4]
+
+
+def build_untrained_transducer(folder: Path, kind: str) -> Path:
+    """A tiny FastConformer transducer ("rnnt" or "tdt", Parakeet's default)
+    with random weights: its output is nonsense, but it goes through NeMo's
+    transducer decoding, which returns Hypothesis objects, not strings.
+    (Training one is out of reach here: TDT's loss only runs on CUDA.)"""
+    import torch
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from omegaconf import OmegaConf
+
+    logging.getLogger("nemo_logger").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    _train_tokenizer(folder / "tokenizer")
+    d_model, hidden = 64, 32
+    config = _config(folder / "tokenizer", d_model, 1)
+    config["model_defaults"] = {"enc_hidden": d_model, "pred_hidden": hidden}
+    config["decoder"] = {
+        "_target_": "nemo.collections.asr.modules.RNNTDecoder",
+        "vocab_size": -1,
+        "blank_as_pad": True,
+        "prednet": {"pred_hidden": hidden, "pred_rnn_layers": 1, "dropout": 0.0},
+    }
+    config["joint"] = {
+        "_target_": "nemo.collections.asr.modules.RNNTJoint",
+        "num_classes": -1,
+        "vocabulary": [],
+        "jointnet": {
+            "joint_hidden": hidden,
+            "activation": "relu",
+            "dropout": 0.0,
+            "encoder_hidden": d_model,
+            "pred_hidden": hidden,
+        },
+    }
+    config["decoding"] = {"strategy": "greedy_batch", "greedy": {"max_symbols": 10}}
+    if kind == "tdt":
+        config["joint"]["num_extra_outputs"] = len(TDT_DURATIONS)
+        config["decoding"].update({"model_type": "tdt", "durations": TDT_DURATIONS})
+        config["loss"] = {
+            "loss_name": "tdt",
+            "tdt_kwargs": {"durations": TDT_DURATIONS, "sigma": 0.02, "omega": 0.1},
+        }
+    model = EncDecRNNTBPEModel(cfg=OmegaConf.create(config))
+    model.eval()
+    path = folder / f"untrained-fastconformer-{kind}.nemo"
+    model.save_to(str(path))
+    return path

@@ -98,8 +98,21 @@ class Settings(BaseSettings):
     stt_base_url: str | None = Field(
         None, description="Base URL of an OpenAI-compatible STT server (for --stt openai)."
     )
-    stt_api_key: str | None = Field(None, description="API key for the remote STT server.")
+    stt_api_key: str | None = Field(
+        None, description="API key for the remote STT server (default: env OPENAI_API_KEY)."
+    )
     stt_timeout_s: float = Field(30.0, gt=0, description="Timeout for one remote STT request.")
+    # Partials' compute budget: a final waits for at most one partial batch,
+    # of at most this many utterances of at most this length.
+    stt_partial_max_batch: int = Field(
+        2, ge=1, le=256, description="Most partial transcripts one batched STT inference takes."
+    )
+    stt_partial_max_s: float = Field(
+        8.0,
+        gt=0,
+        description="No partial transcripts once a turn is longer than this many seconds "
+        "(its final transcript still covers all of it).",
+    )
 
     # --- thinking: LLM ---------------------------------------------------
     llm_base_url: str | None = Field(

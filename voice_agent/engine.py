@@ -17,7 +17,7 @@ from voice_agent.backends.base import (
     TtsBackend,
     VadBackend,
 )
-from voice_agent.backends.capabilities import PartialTranscriber
+from voice_agent.backends.capabilities import ClosesAsync, PartialTranscriber, WarmsUp
 from voice_agent.backends.llama_server import (
     MODEL_ALIAS,
     EmbeddedLlamaServer,
@@ -115,10 +115,9 @@ class Engine:
 
     async def _warm_up(self) -> None:
         """Run each model once so the first caller doesn't pay for lazy init."""
-        import numpy as np
-
         assert self.models is not None
-        await self.models.stt.transcribe(np.zeros(16000, dtype=np.int16))
+        if isinstance(self.models.stt, WarmsUp):  # not a remote one: it would be billed
+            await self.models.stt.warm_up()
         await self.models.tts.synthesize("Hello.")
         if not self.llm_prefill:
             return  # a remote endpoint bills every request: it is warmed by real use
@@ -177,7 +176,10 @@ class Engine:
 
     async def stop(self) -> None:
         if self.models is not None:
-            self.models.stt.close()
+            if isinstance(self.models.stt, ClosesAsync):
+                await self.models.stt.aclose()
+            else:
+                self.models.stt.close()
             self.models.tts.close()
             await self.models.llm.aclose()
         if self.llama is not None:

@@ -11,7 +11,9 @@ budget: a batch is either all finals or all partials, partials only run when
 no final is waiting, and a partial is refused outright (``None``) while
 finals are queued or running, or while the partial queue is full. So partials
 never share a batch with a final nor make one wait behind them in the queue;
-the most a final can wait for is one partial batch already running.
+the most a final can wait for is one partial batch already running, and a
+partial batch holds at most ``max_partial_batch`` requests (the backend
+bounds each one's length).
 
 A request cancelled while queued (barge-in, hang-up) is dropped before its
 batch runs; one cancelled while its batch runs gets no result delivered.
@@ -81,11 +83,15 @@ class BatchingWorker(Generic[Req, Res]):
         max_wait_s: float,
         max_queue: int = 256,
         max_partials: int = 64,
+        max_partial_batch: int = 2,
     ) -> None:
-        if max_batch < 1 or max_wait_s < 0 or max_queue < 1:
-            raise ValueError("max_batch and max_queue must be >= 1, max_wait_s >= 0")
+        if max_batch < 1 or max_wait_s < 0 or max_queue < 1 or max_partial_batch < 1:
+            raise ValueError(
+                "max_batch, max_partial_batch and max_queue must be >= 1, max_wait_s >= 0"
+            )
         self.name = name
         self.max_batch = max_batch
+        self.max_partial_batch = max_partial_batch
         self.max_wait_s = max_wait_s
         self._run_batch = run_batch
         self._thread = InferenceWorker(name)
@@ -131,6 +137,9 @@ class BatchingWorker(Generic[Req, Res]):
     async def _enqueue(
         self, item: Req, priority: Priority, queue: deque[_Request[Req, Res]]
     ) -> Res:
+        # close() may have run while this request waited for room: nothing
+        # would ever take it off the queue.
+        self._check_open()
         future: asyncio.Future[Res] = asyncio.get_running_loop().create_future()
         request = _Request(item, priority, future)
         queue.append(request)
@@ -138,6 +147,7 @@ class BatchingWorker(Generic[Req, Res]):
         self._arrived.set()
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name=f"{self.name}-batcher")
+            self._task.add_done_callback(self._on_loop_done)
         try:
             return await future
         except asyncio.CancelledError:
@@ -148,6 +158,32 @@ class BatchingWorker(Generic[Req, Res]):
             raise
 
     # -- the batching loop ------------------------------------------------------
+    def _on_loop_done(self, task: asyncio.Task[None]) -> None:
+        """The loop only ends when close() cancels it. If it dies otherwise
+        (a bug), whatever waits would wait forever: fail it, and let the next
+        request start a fresh loop."""
+        if self._task is task:
+            self._task = None
+        if self._closed:
+            return
+        error = None if task.cancelled() else task.exception()
+        log.error(
+            "batching loop died",
+            exc_info=error,
+            extra={"worker": self.name, "cancelled": task.cancelled()},
+        )
+        self._fail_all(RuntimeError(f"{self.name} batching loop stopped: {error!r}"))
+        self._running = None
+
+    def _fail_all(self, error: Exception) -> None:
+        waiting = [*self._in_flight, *self._finals, *self._partials]
+        self._in_flight = []
+        self._finals.clear()
+        self._partials.clear()
+        for request in waiting:
+            if not request.future.done():
+                request.future.set_exception(error)
+
     def _pending(self) -> int:
         return len(self._finals) + len(self._partials)
 
@@ -165,7 +201,7 @@ class BatchingWorker(Generic[Req, Res]):
         """Wait for more requests until the batch is full or the oldest
         waiting one has waited ``max_wait_s``."""
         oldest = min(queue[0].enqueued for queue in (self._finals, self._partials) if queue)
-        while self._pending() < self.max_batch:
+        while self._pending() < (self.max_batch if self._finals else self.max_partial_batch):
             remaining = oldest + self.max_wait_s - time.monotonic()
             if remaining <= 0:
                 return
@@ -175,9 +211,13 @@ class BatchingWorker(Generic[Req, Res]):
                     await self._arrived.wait()
 
     def _take(self) -> list[_Request[Req, Res]]:
-        queue = self._finals if self._finals else self._partials
+        queue, limit = (
+            (self._finals, self.max_batch)
+            if self._finals
+            else (self._partials, self.max_partial_batch)
+        )
         batch: list[_Request[Req, Res]] = []
-        while queue and len(batch) < self.max_batch:
+        while queue and len(batch) < limit:
             request = queue.popleft()
             if not request.future.done():  # cancelled while queued
                 batch.append(request)
@@ -190,18 +230,18 @@ class BatchingWorker(Generic[Req, Res]):
         self._running = batch[0].priority
         self._in_flight = batch
         try:
-            results = await self._thread.run(self._run_batch, [r.item for r in batch])
+            results = await self._thread.run(self._call_model, [r.item for r in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)} inputs")
         except Exception as exc:
+            self._running, self._in_flight = None, []
             log.warning("batch failed", exc_info=True, extra={"worker": self.name})
             for request in batch:
                 if not request.future.done():
                     request.future.set_exception(exc)
             return
-        finally:
-            self._running = None
-            self._in_flight = []
+        # (Cancelled: close() or the loop's done-callback fails the batch.)
+        self._running, self._in_flight = None, []
         elapsed = time.monotonic() - started
         self.stats.inference.add(elapsed)
         self.stats.batch_sizes[len(batch)] = self.stats.batch_sizes.get(len(batch), 0) + 1
@@ -218,6 +258,19 @@ class BatchingWorker(Generic[Req, Res]):
             if not request.future.done():  # its caller may have gone meanwhile
                 request.future.set_result(result)
 
+    def _call_model(self, items: list[Req]) -> Sequence[Res]:
+        """Runs in the worker thread. Whatever the model raises must reach the
+        callers as an ordinary exception: asyncio cannot put StopIteration
+        into a future, and a BaseException would end the batching loop."""
+        try:
+            return self._run_batch(items)
+        except StopIteration as exc:
+            raise RuntimeError(f"{self.name}: the model raised {exc!r}") from exc
+        except Exception:
+            raise
+        except BaseException as exc:
+            raise RuntimeError(f"{self.name}: the model raised {exc!r}") from exc
+
     def close(self) -> None:
         """Fail whatever waits, stop the loop and the thread."""
         if self._closed:
@@ -226,10 +279,5 @@ class BatchingWorker(Generic[Req, Res]):
         log.info("batching worker stopped", extra={"worker": self.name, **self.stats.snapshot()})
         if self._task is not None:
             self._task.cancel()
-        waiting = [*self._in_flight, *self._finals, *self._partials]
-        self._finals.clear()
-        self._partials.clear()
-        for request in waiting:
-            if not request.future.done():
-                request.future.set_exception(WorkerClosed(f"{self.name} worker closed"))
+        self._fail_all(WorkerClosed(f"{self.name} worker closed"))
         self._thread.close()

@@ -19,8 +19,26 @@ class PartialTranscriber(Protocol):
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         """Transcript of 16 kHz int16 audio so far, or None when the model is
-        busy with final transcripts (the partial is skipped, not queued)."""
+        busy with final transcripts or the audio is longer than the backend
+        allows for partials (the partial is skipped, not queued)."""
         ...
+
+
+@runtime_checkable
+class WarmsUp(Protocol):
+    """A local model whose first call pays for lazy initialisation. Remote
+    backends lack this: a warm-up request to them would be billed."""
+
+    async def warm_up(self) -> None:
+        """Run the model once at start-up."""
+        ...
+
+
+@runtime_checkable
+class ClosesAsync(Protocol):
+    """Holds connections that can only be closed on the event loop."""
+
+    async def aclose(self) -> None: ...
 
 
 @runtime_checkable

@@ -119,6 +119,9 @@ class FasterWhisperStt:
         )
         return " ".join(segment.text.strip() for segment in segments).strip()
 
+    async def warm_up(self) -> None:
+        await self.transcribe(np.zeros(16000, dtype=np.int16))
+
     async def transcribe(self, audio: np.ndarray) -> str:
         return await self._worker.run(self._transcribe_blocking, audio)
 

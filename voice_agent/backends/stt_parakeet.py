@@ -2,9 +2,10 @@
 
 One model per process, shared by every session through a dynamic batching
 worker. On CUDA it runs under half-precision autocast; on the CPU in fp32.
-The model comes from a ``.nemo`` file or from a pretrained name that is
-already in the local Hugging Face cache: start-up never downloads, and says
-exactly how to provide the model when it is missing.
+The model comes from a ``.nemo`` file, from a Hugging Face repo id
+("org/name") already in the local Hugging Face cache, or from one of NeMo's
+own pretrained names (no slash) already in NeMo's cache: start-up never
+downloads, and says exactly how to provide the model when it is missing.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ HOW_TO_PROVIDE = (
     "downloadable from https://huggingface.co/nvidia/parakeet-tdt-0.6b-v2), or the name of a "
     "pretrained model already in the local Hugging Face cache (populate it on a machine with "
     "network access with `huggingface-cli download {name}` and copy ~/.cache/huggingface, or "
-    "set HF_HOME to where it is)."
+    "set HF_HOME to where it is), or one of NeMo's own pretrained names already in NeMo's cache "
+    "(~/.cache/torch/NeMo/NeMo_<version>, or NEMO_CACHE_DIR)."
 )
 
 
@@ -43,16 +45,18 @@ def _nemo_file_for(reference: str) -> Path:
     path = Path(reference).expanduser()
     if path.is_file():
         return path
-    # Anything but an "org/name" repo id is meant as a file.
+    # Anything but an "org/name" repo id or a bare NeMo name is meant as a file.
     if (
         reference.endswith(".nemo")
         or reference.startswith(("/", ".", "~"))
-        or (reference.count("/") != 1)
+        or (reference.count("/") > 1)
     ):
         raise BackendUnavailable(
             f"parakeet model file {reference} does not exist. "
             + HOW_TO_PROVIDE.format(name=DEFAULT_MODEL)
         )
+    if "/" not in reference:
+        return _nemo_cache_file(reference)
     from huggingface_hub import snapshot_download
 
     try:
@@ -71,6 +75,21 @@ def _nemo_file_for(reference: str) -> Path:
     return files[0]
 
 
+def _nemo_cache_file(name: str) -> Path:
+    """Where ``ASRModel.from_pretrained(name)`` keeps its download:
+    <cache>/<name>/<md5 of its source>/<name>.nemo."""
+    from nemo.utils.data_utils import resolve_cache_dir
+
+    cache = Path(resolve_cache_dir())
+    files = sorted(cache.glob(f"{name}/*/{name}.nemo"), key=lambda f: f.stat().st_mtime)
+    if not files:
+        raise BackendUnavailable(
+            f"parakeet model {name!r} is neither a .nemo file nor in NeMo's local cache "
+            f"({cache}). " + HOW_TO_PROVIDE.format(name=DEFAULT_MODEL)
+        )
+    return files[-1]  # the newest download
+
+
 def _texts(output: Any) -> list[str]:
     """NeMo returns strings or Hypothesis objects; hybrid models a tuple."""
     if isinstance(output, tuple):
@@ -84,7 +103,14 @@ class ParakeetStt:
     default_partial_interval_ms = 500
 
     def __init__(
-        self, model: str, device: str, threads: int, max_batch: int, batch_wait_ms: int
+        self,
+        model: str,
+        device: str,
+        threads: int,
+        max_batch: int,
+        batch_wait_ms: int,
+        partial_max_batch: int = 2,
+        partial_max_s: float = 8.0,
     ) -> None:
         import torch
 
@@ -111,8 +137,16 @@ class ParakeetStt:
         self.device = device
         self.model_path = path
         self._worker: BatchingWorker[np.ndarray, str] = BatchingWorker(
-            "stt-batch", self._transcribe_batch, max_batch, batch_wait_ms / 1000.0
+            "stt-batch",
+            self._transcribe_batch,
+            max_batch,
+            batch_wait_ms / 1000.0,
+            max_partial_batch=partial_max_batch,
         )
+        # Each partial re-transcribes the turn so far: past this length a
+        # partial batch could hold up a final for too long.
+        self._partial_max_samples = int(partial_max_s * 16000)
+        self._partials_too_long = 0
         log.info(
             "stt model loaded",
             extra={
@@ -148,14 +182,25 @@ class ParakeetStt:
             texts[i] = text.strip()
         return texts
 
+    async def warm_up(self) -> None:
+        await self.transcribe(np.zeros(16000, dtype=np.int16))
+
     async def transcribe(self, audio: np.ndarray) -> str:
         return await self._worker.submit(audio)
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
+        if len(audio) > self._partial_max_samples:
+            self._partials_too_long += 1
+            return None
         return await self._worker.submit_partial(audio)
 
     def stats(self) -> dict[str, object]:
-        return {"backend": self.name, "device": self.device, **self._worker.stats.snapshot()}
+        return {
+            "backend": self.name,
+            "device": self.device,
+            **self._worker.stats.snapshot(),
+            "partial_too_long": self._partials_too_long,
+        }
 
     def close(self) -> None:
         self._worker.close()
@@ -171,4 +216,6 @@ def create(settings: Settings) -> ParakeetStt:
         settings.stt_threads,
         settings.stt_max_batch,
         settings.stt_batch_wait_ms,
+        settings.stt_partial_max_batch,
+        settings.stt_partial_max_s,
     )

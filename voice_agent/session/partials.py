@@ -2,7 +2,8 @@
 
 Every ``interval_ms`` of new turn audio the turn so far is transcribed at low
 priority, at most one request in flight per session; the model skips it when
-it is busy with final transcripts, so partials never delay finals.
+it is busy with final transcripts (or the turn is longer than it transcribes
+partially), so partials delay finals by at most one small partial batch.
 
 OpenAI's transcription deltas are append-only text, while a recogniser's
 hypothesis for speech in progress gets revised (the last word especially is
