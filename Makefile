@@ -61,11 +61,13 @@ $(STAMP): pyproject.toml constraints.txt $(WHEELS)/.llama-cpp-built | $(PY)
 # hold together and reinstalling the base never breaks NeMo. Torch comes
 # first and alone from TORCH_INDEX (the CPU build; PyPI's is the CUDA one);
 # without network access pip falls back to its local wheels after a few
-# retries. TORCH_INDEX= (empty) takes torch from the ordinary indexes.
+# retries (bounded: one retry, 15 s timeout, so a network that drops packets
+# costs seconds, not pip's default minutes). TORCH_INDEX= (empty) takes torch
+# from the ordinary indexes.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(PARAKEET_STAMP): $(STAMP) constraints.txt constraints-parakeet.txt
 	@echo "==> installing the parakeet extra (NeMo, CPU torch) into $(VENV)"
-	$(PIP) install --quiet --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+	$(PIP) install --quiet --no-deps $(if $(TORCH_INDEX),--retries 1 --timeout 15 --extra-index-url $(TORCH_INDEX)) \
 		"$$(grep -E '^torch==' constraints-parakeet.txt)"
 	$(PIP) install --quiet -c constraints.txt -c constraints-parakeet.txt -e '.[parakeet]'
 	@touch $@
