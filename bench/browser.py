@@ -29,8 +29,9 @@ from playwright.async_api import async_playwright
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.latency import CLIPS, free_port, pct, speech_and_tail, table  # noqa: E402
+from bench.latency import CLIPS, pct, speech_and_tail, table  # noqa: E402
 from tests.audio_data import RATE, silence  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 from tests.web.browser import chromium, write_capture_wav  # noqa: E402
 
 GAP_S = 8.0  # silence after each question: room for the answer

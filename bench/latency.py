@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.audio_data import librivox, silence, speech_bounds  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 from voice_agent.client import RealtimeClient  # noqa: E402
 from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
 
@@ -54,12 +54,6 @@ class Turn:
     status: str
     server: dict[str, float] = field(default_factory=dict)
     speculative: bool = False
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:

@@ -25,11 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.ports import free_port  # noqa: E402
 from tests.scripted_llm import (  # noqa: E402
     Script,
     ScriptedLlmServer,
     call_events,
-    closed_port,
     make_llm,
     scripted_llm_server,
     text_events,
@@ -101,7 +101,7 @@ async def failure_rows(rounds: int) -> list[Row]:
         raise AssertionError("expected an LlmError")
 
     async def dead() -> None:
-        llm = make_llm("chat-completions", f"http://127.0.0.1:{closed_port()}/v1", retries=2)
+        llm = make_llm("chat-completions", f"http://127.0.0.1:{free_port()}/v1", retries=2)
         try:
             async for _ in llm.stream_reply(MESSAGES, 10, 0.5):
                 pass

@@ -3,6 +3,9 @@ test run, and servers built on it with per-test settings."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,6 +15,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from tests.ports import free_port
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.server.app import CALLS, build_app
@@ -23,6 +27,23 @@ pytest_plugins = ["tests.stt_fixtures"]
 # aioice never offers 127.0.0.1 as a candidate; pin both peers to loopback so
 # every test call stays on this machine.
 LOOPBACK = ["127.0.0.1"]
+
+
+async def serve_refusing_to_start(*args: str) -> str:
+    """Run ``voice-agent serve`` with ``args``, which must stop it at start-up:
+    exit code 1 and a message, never a traceback. Returns its stderr."""
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "voice_agent", "serve", "--port", str(free_port())),
+        *(*args, "--log-format", "text"),
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    async with asyncio.timeout(120):
+        _, stderr = await process.communicate()
+    text = stderr.decode()
+    assert process.returncode == 1, text
+    assert "Traceback" not in text
+    return text
 
 
 def test_settings(**overrides: Any) -> Settings:

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import copy
 import json
-import socket
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -259,10 +258,3 @@ def engine_with_llm(
 async def close_quietly(llm: Any) -> None:
     with contextlib.suppress(Exception):
         await llm.aclose()
-
-
-def closed_port() -> int:
-    """A local port nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

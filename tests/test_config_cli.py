@@ -14,6 +14,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.conftest import serve_refusing_to_start
+from tests.ports import free_port
 from voice_agent.cli import build_parser, main
 from voice_agent.config import Settings, load_settings
 
@@ -63,12 +65,6 @@ def test_invalid_settings_are_a_clear_error(capsys: pytest.CaptureFixture[str]) 
     assert "max_calls" in capsys.readouterr().err
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_serve_starts_becomes_ready_and_stops_cleanly() -> None:
     port = free_port()
     process = await asyncio.create_subprocess_exec(
@@ -115,22 +111,5 @@ async def test_serve_starts_becomes_ready_and_stops_cleanly() -> None:
 
 
 async def test_a_missing_model_fails_at_start_up_with_how_to_fix_it(tmp_path: Path) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "voice_agent",
-        "serve",
-        "--port",
-        str(free_port()),
-        "--stt-model",
-        str(tmp_path / "nowhere"),
-        "--log-format",
-        "text",
-        stderr=asyncio.subprocess.PIPE,
-    )
-    async with asyncio.timeout(60):
-        _, stderr = await process.communicate()
-    assert process.returncode == 1
-    text = stderr.decode()
+    text = await serve_refusing_to_start("--stt-model", str(tmp_path / "nowhere"))
     assert "cannot start" in text and "model.bin" in text
-    assert "Traceback" not in text

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from tests.ports import free_port
 from tests.scripted_llm import (
     API_PATHS,
     Script,
     ScriptedLlmServer,
     call_events,
     chat_chunk,
-    closed_port,
     make_llm,
     scripted_llm_server,
     text_events,
@@ -235,7 +235,7 @@ async def test_cancelling_the_consumer_closes_the_connection_upstream(
 
 
 async def test_an_unreachable_endpoint_is_a_clear_error() -> None:
-    url = f"http://127.0.0.1:{closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(LlmError) as error:
         await collect("chat-completions", url, retries=1)
     assert error.value.code == "unreachable"

@@ -13,13 +13,13 @@ import aiohttp
 import pytest
 
 from tests import conftest
+from tests.ports import free_port
 from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
     call_events,
     chat_text,
     close_quietly,
-    closed_port,
     engine_with_llm,
     make_llm,
     scripted_llm_server,
@@ -259,7 +259,7 @@ async def test_a_message_typed_during_a_reply_follows_that_reply_in_the_history(
 async def test_a_dead_llm_endpoint_gets_an_error_and_a_spoken_apology(
     engine: Engine, http: aiohttp.ClientSession
 ) -> None:
-    llm = make_llm(API, f"http://127.0.0.1:{closed_port()}/v1", retries=1)
+    llm = make_llm(API, f"http://127.0.0.1:{free_port()}/v1", retries=1)
     scripted = engine_with_llm(engine, llm, llm_prefill=False)
     async with conftest.run_server(conftest.test_settings(), scripted) as server:
         client = RealtimeClient(server.url)

@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 
 from tests import conftest
+from tests.ports import free_port
 from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
-    closed_port,
     engine_with_llm,
     scripted_llm_server,
     text_events,
@@ -83,7 +83,7 @@ async def test_upstream_errors_pass_through(
 async def test_bad_bodies_and_a_dead_endpoint_get_clear_errors(
     engine: Engine, http: aiohttp.ClientSession
 ) -> None:
-    dead = proxied(engine, f"http://127.0.0.1:{closed_port()}/v1")
+    dead = proxied(engine, f"http://127.0.0.1:{free_port()}/v1")
     settings = conftest.test_settings(enable_llm_proxy=True, llm_proxy_max_body_bytes=2048)
     async with conftest.run_server(settings, dead) as server:
         url = server.url + "/v1/chat/completions"

@@ -4,9 +4,7 @@ batched across concurrent sessions, with live partial transcripts."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.audio_data import silence
-from tests.conftest import RunningServer, run_server
+from tests.conftest import RunningServer, run_server, serve_refusing_to_start
 from tests.conftest import test_settings as settings_with
 from tests.stt_fixtures import engine_with_stt, load_stt, parakeet_settings
 from tests.tiny_nemo import PHRASES, build_untrained_transducer, phrase_audio
@@ -274,28 +272,10 @@ def test_a_corrupt_model_file_is_a_clear_error(tmp_path: Path) -> None:
 async def test_serve_with_a_missing_parakeet_model_exits_with_how_to_fix_it(
     tmp_path: Path,
 ) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "voice_agent",
-        "serve",
-        "--port",
-        "0",
-        "--stt",
-        "parakeet",
-        "--stt-model",
-        str(tmp_path / "nowhere.nemo"),
-        "--log-format",
-        "text",
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    text = await serve_refusing_to_start(
+        "--stt", "parakeet", "--stt-model", str(tmp_path / "nowhere.nemo")
     )
-    async with asyncio.timeout(120):
-        _, stderr = await process.communicate()
-    assert process.returncode == 1
-    text = stderr.decode()
     assert "cannot start" in text and "nowhere.nemo does not exist" in text
-    assert "Traceback" not in text
 
 
 def test_partials_are_on_by_default_for_parakeet_only(

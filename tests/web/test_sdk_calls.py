@@ -6,7 +6,6 @@ behind."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from playwright.async_api import Browser, Page, Playwright, Route
 
 from tests.audio_data import RATE, librivox, silence
 from tests.conftest import ServerFactory
+from tests.ports import free_port
 from tests.web.browser import chromium, write_capture_wav
 from tests.web.conftest import SiteFactory
 from voice_agent.client import RealtimeClient
@@ -249,19 +249,12 @@ async def test_a_full_server_is_retried_when_reconnect_is_on(
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 async def test_an_unreachable_server_is_a_clear_error(
     browser: Browser, server_factory: ServerFactory
 ) -> None:
     server = await server_factory()  # serves the SDK; the call goes elsewhere
     page, _ = await new_page(browser, server.url + "/")
-    nowhere = f"http://127.0.0.1:{closed_port()}"
+    nowhere = f"http://127.0.0.1:{free_port()}"
     result = await page.evaluate(CONNECT, ["/sdk/voice-agent.js", {"url": nowhere}])
     assert result["ok"] is False and result["code"] == "server_unreachable"
     assert nowhere in result["message"]
