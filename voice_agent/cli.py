@@ -50,14 +50,27 @@ def build_parser() -> argparse.ArgumentParser:
         "over the environment, which wins over the file.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    serve.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
+    add_settings_arguments(serve)
+    check = commands.add_parser(
+        "check",
+        help="load each configured backend and run one real inference through it",
+        description="Self-check: load the VAD, STT, LLM and TTS that `serve` would use with "
+        "the same options, run one real inference through each, and print a table with the "
+        "time, the result and how to fix what failed. Exit code 1 if anything failed.",
+    )
+    add_settings_arguments(check)
+    return parser
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, help="TOML or JSON settings file")
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         kind, choices = _flag_type(field.annotation)
         default = field.get_default(call_default_factory=True)
         help_text = field.description or ""
         if kind is bool:
-            serve.add_argument(
+            parser.add_argument(
                 flag,
                 dest=name,
                 action=argparse.BooleanOptionalAction,
@@ -65,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                 help=f"{help_text} (default: {default})",
             )
             continue
-        serve.add_argument(
+        parser.add_argument(
             flag,
             dest=name,
             type=kind,
@@ -74,7 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
             metavar=name.upper(),
             help=f"{help_text} (default: {_show(default)})",
         )
-    return parser
 
 
 async def serve(settings: Settings) -> None:
@@ -123,7 +135,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from voice_agent.logs import configure
 
-    configure(settings.log_level, settings.log_format)
+    # The check's answer is its table: only warnings are logged unless asked.
+    quiet = command == "check" and args.get("log_level") is None
+    configure("WARNING" if quiet else settings.log_level, settings.log_format)
+    if command == "check":
+        from voice_agent.selfcheck import render, run_checks
+
+        rows = asyncio.run(run_checks(settings))
+        sys.stdout.write(render(rows))
+        return 0 if all(row.ok for row in rows) else 1
     if command == "serve":
         try:
             asyncio.run(serve(settings))

@@ -202,6 +202,13 @@ class Settings(BaseSettings):
         0, ge=0, le=19, description="Scheduling niceness added to the embedded llama.cpp server."
     )
     llama_ctx: int = Field(2048, ge=256, description="Embedded llama.cpp context size.")
+    llama_server_command: str | None = Field(
+        None,
+        description="Advanced: run this command as the supervised embedded LLM server instead "
+        "of llama-cpp-python's. {python} {model} {alias} {host} {port} {ctx} {threads} are "
+        "filled in; it must serve /v1/chat/completions and print 'Uvicorn running on' once "
+        "listening.",
+    )
 
     # --- speaking: TTS -----------------------------------------------------
     tts: str = Field("piper", description="Text-to-speech backend name.")

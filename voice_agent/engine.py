@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 from voice_agent.backends import registry
 from voice_agent.backends.base import (
@@ -24,6 +26,7 @@ from voice_agent.backends.llama_server import (
     LlamaServerError,
     default_model_path,
 )
+from voice_agent.backends.llm_health import RemoteLlmProbe
 from voice_agent.backends.llm_http import HttpLlmConfig
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
@@ -41,6 +44,7 @@ class Engine:
         self.settings = settings
         self.models: Models | None = None
         self.llama: EmbeddedLlamaServer | None = None
+        self.remote_llm: RemoteLlmProbe | None = None
         self._started = False
         self.model_name = settings.llm_model or MODEL_ALIAS
         self.llm_config: HttpLlmConfig | None = None  # the endpoint, once started
@@ -49,8 +53,27 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        llama_ok = self.llama is None or self.llama.running
+        llama_ok = self.llama is None or self.llama.ready
         return self._started and llama_ok
+
+    @property
+    def unready_reason(self) -> str | None:
+        """Why no call can be taken now, in one line; None when ready."""
+        if not self._started:
+            return "models are still loading"
+        if self.llama is not None:
+            return self.llama.unready_reason
+        return None
+
+    def llm_health(self) -> dict[str, Any] | None:
+        """The LLM's state for /readyz and /v1/stats: the embedded server's
+        deaths and restarts, or whether the remote endpoint answers."""
+        if self.llama is not None:
+            return self.llama.health()
+        if self.remote_llm is not None:
+            self.remote_llm.refresh_if_stale()
+            return self.remote_llm.health()
+        return None
 
     async def start(self) -> None:
         s = self.settings
@@ -62,14 +85,18 @@ class Engine:
         vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
         stt: SttBackend = await asyncio.to_thread(registry.create, "stt", s.stt, s)
         tts: TtsBackend = await asyncio.to_thread(registry.create, "tts", s.tts, s)
-        llm = await self._start_llm()
+        llm = await self.start_llm()
         self.models = Models(vad=vad, stt=stt, tts=tts, llm=llm)
         if s.preload:
             await self._warm_up()
+        if self.llama is not None:
+            self.llama.supervise()  # restarts from here on; a death before is fatal
         self._started = True
         log.info("engine ready", extra={"seconds": round(time.perf_counter() - started, 2)})
 
-    async def _start_llm(self) -> LlmBackend:
+    async def start_llm(self) -> LlmBackend:
+        """The LLM client, starting (and proving) the embedded server first
+        when no endpoint is configured."""
         s = self.settings
         base_url = s.llm_base_url
         api_key = s.llm_api_key
@@ -94,9 +121,14 @@ class Engine:
                 s.llama_ctx,
                 batch_threads=s.llama_batch_threads,
                 nice=s.llama_nice,
+                command=shlex.split(s.llama_server_command) if s.llama_server_command else None,
             )
-            await self.llama.start()
+            await self.llama.start(supervise=False)
             base_url = self.llama.base_url
+        else:
+            # Down now is only a warning (it may come up later), shown in /readyz.
+            self.remote_llm = RemoteLlmProbe(base_url, api_key)
+            await self.remote_llm.check()
         self.llm_config = HttpLlmConfig(
             base_url=base_url,
             api_key=api_key,
@@ -132,6 +164,9 @@ class Engine:
                 self.tools.specs if self.tools is not None else (),
             )
         except LlmError as exc:
+            died = await self.llama.exit_after_failure("warm-up") if self.llama else None
+            if died is not None:  # every call would fail: refuse to start
+                raise LlamaServerError(EmbeddedLlamaServer.startup_failure(died)) from None
             # A remote endpoint that is down now may be up for the first call;
             # until then each reply fails with an error event and an apology.
             log.warning("llm warm-up failed", extra={"code": exc.code, "error": str(exc)})
@@ -184,3 +219,5 @@ class Engine:
             await self.models.llm.aclose()
         if self.llama is not None:
             await self.llama.stop()
+        if self.remote_llm is not None:
+            await self.remote_llm.aclose()

