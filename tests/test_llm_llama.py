@@ -1,7 +1,6 @@
 """The LLM client against the real embedded llama.cpp server (SmolLM2-135M):
 streaming, instructions and history reaching the model, instructions set by
-session.update over WebRTC, the proxy, and what llama-cpp-python does not
-serve (``/v1/responses``)."""
+session.update over WebRTC, the proxy, and the Responses API."""
 
 from __future__ import annotations
 
@@ -14,13 +13,12 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from tests.conftest import ServerFactory, run_server
 from tests.conftest import test_settings as settings_for
 from tests.scripted_llm import close_quietly, engine_with_llm
-from voice_agent.backends.base import ChatMessage, LlmBackend, LlmError
+from voice_agent.backends.base import ChatMessage, LlmBackend
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
 from voice_agent.client import RealtimeClient
@@ -57,18 +55,18 @@ async def test_instructions_and_history_reach_the_model(engine: Engine) -> None:
     assert with_history != without
 
 
-async def test_llama_cpp_python_has_no_responses_api(engine: Engine) -> None:
-    """llama-cpp-python 0.3.36's server only serves chat/completions: the
-    responses backend gets a clear, unretried 404 (so --llm-backend responses
-    needs another server; its tests use the scripted peer)."""
+async def test_the_embedded_llama_server_serves_the_responses_api_too(engine: Engine) -> None:
+    """llama-server speaks both OpenAI APIs: --llm-backend responses works
+    with the embedded model, and greedy decoding answers the same words."""
     assert engine.llama is not None and engine.llm_config is not None
-    llm = OpenAIResponsesLlm(engine.llm_config)
+    responses = OpenAIResponsesLlm(engine.llm_config)
+    question = [ChatMessage("user", "Tell me about cats.")]
     try:
-        with pytest.raises(LlmError) as error:
-            await greedy(llm, [ChatMessage("user", "Hi")])
+        deltas, text = await greedy(responses, question)
     finally:
-        await llm.aclose()
-    assert error.value.code == "http_404"
+        await responses.aclose()
+    assert deltas > 3 and text.strip()
+    assert text == (await greedy(llm_of(engine), question))[1]
 
 
 @asynccontextmanager

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rows = asyncio.run(run_checks(settings))
         sys.stdout.write(render(rows))
-        return 0 if all(row.ok for row in rows) else 1
+        return 0 if all(row.ok or row.skipped for row in rows) else 1
     if command == "serve":
         try:
             asyncio.run(serve(settings))

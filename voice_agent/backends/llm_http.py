@@ -41,6 +41,10 @@ class HttpLlmConfig:
     backoff_s: float = 0.25
     reasoning_effort: str | None = None
     enable_thinking: bool | None = None
+    # llama-server closes the connection after each streamed reply while
+    # announcing keep-alive: a pooled connection then fails the next request
+    # ("Server disconnected"). Its loopback connect costs ~0.1 ms.
+    keep_alive: bool = True
 
 
 class StreamParser(Protocol):
@@ -127,7 +131,8 @@ class HttpLlmClient:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(force_close=not self.config.keep_alive)
+            self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
     def headers(self) -> dict[str, str]:

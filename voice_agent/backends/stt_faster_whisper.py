@@ -11,6 +11,7 @@ on the LibriVox test recordings it costs one word in 72 (WER 1.4 % -> 2.8 %).
 from __future__ import annotations
 
 import logging
+import re
 from typing import Literal
 
 import ctranslate2
@@ -20,18 +21,40 @@ from faster_whisper.tokenizer import Tokenizer
 
 from voice_agent.audio.pcm import int16_to_float
 from voice_agent.backends import whisper_weights
-from voice_agent.backends.base import InferenceWorker
+from voice_agent.backends.batching import BatchingWorker
 from voice_agent.config import Settings
 
 log = logging.getLogger(__name__)
 
 FULL_WINDOW_FRAMES = 3000  # 30 s of 10 ms mel frames
 TRIM_PAD_FRAMES = 100  # 1 s of padding after the utterance
+MAX_EXTRA_PAD = 50  # batched utterances differ in length by at most 0.5 s
 NO_SPEECH_THRESHOLD = 0.6
 MAX_TOKENS = 224
 # Fast speech is ~4 words (~6 tokens) a second; capping the output length by
 # the audio's duration stops Whisper's rare repetition loops early.
 TOKENS_PER_SECOND = 10
+
+
+def _bare(word: str) -> str:
+    return re.sub(r"[^a-z']", "", word.lower())
+
+
+def without_restart(text: str, opening_words: int = 4) -> str:
+    """The text up to where it starts over. Whisper sometimes reads the
+    audio again from the top into the padding, timestamps and all inside the
+    audio (seen on Opus-coded speech: a whole sentence, then its first half
+    again). A restart is the utterance's first four words again, right after
+    a sentence ends."""
+    words = text.split()
+    opening = [_bare(w) for w in words[:opening_words]]
+    if len(opening) < opening_words:
+        return text
+    for k in range(opening_words, len(words) - opening_words + 1):
+        ended = words[k - 1][-1:] in (".", "?", "!")
+        if ended and [_bare(w) for w in words[k : k + opening_words]] == opening:
+            return " ".join(words[:k])
+    return text
 
 
 class FasterWhisperStt:
@@ -43,6 +66,9 @@ class FasterWhisperStt:
         language: str | None,
         threads: int,
         window: Literal["trim", "full"] = "trim",
+        max_batch: int = 4,
+        batch_wait_ms: int = 10,
+        max_speculative_batch: int = 2,
     ) -> None:
         path = whisper_weights.resolve(model)
         self._model = WhisperModel(
@@ -60,33 +86,79 @@ class FasterWhisperStt:
         # the utterance again into the padding; its segment timestamps let us
         # drop anything that starts after the audio ends.
         self._prompt = list(self._tokenizer.sot_sequence)
-        self._worker = InferenceWorker("stt")
+        # One worker for every session: finals first; speculative work (the
+        # turn so far, transcribed at a pause) is the low priority that is
+        # shed (None) while finals wait, so it never delays one.
+        self._worker: BatchingWorker[np.ndarray, str] = BatchingWorker(
+            "stt-batch",
+            self._transcribe_batch,
+            max_batch,
+            batch_wait_ms / 1000.0,
+            max_partial_batch=max_speculative_batch,
+        )
         log.info("stt model loaded", extra={"model": model, "path": str(path), "window": window})
 
-    def _transcribe_blocking(self, audio: np.ndarray) -> str:
-        samples = int16_to_float(audio)
-        features = self._model.feature_extractor(samples)
-        frames = features.shape[1]
-        if frames > FULL_WINDOW_FRAMES:
-            return self._transcribe_long(samples)
-        window = FULL_WINDOW_FRAMES
-        if self._window == "trim":
-            window = min(FULL_WINDOW_FRAMES, frames + TRIM_PAD_FRAMES)
-            window += window % 2  # the encoder's stride-2 convolution wants an even length
-        padded = np.zeros((features.shape[0], window), dtype=np.float32)
-        padded[:, :frames] = features[:, :window]
-        result = self._model.model.generate(
-            ctranslate2.StorageView.from_array(padded[None]),
-            [self._prompt],
+    def _window_frames(self, frames: int) -> int:
+        if self._window == "full":
+            return FULL_WINDOW_FRAMES
+        window = min(FULL_WINDOW_FRAMES, frames + TRIM_PAD_FRAMES)
+        return window + window % 2  # the encoder's stride-2 convolution wants an even length
+
+    def _transcribe_batch(self, batch: list[np.ndarray]) -> list[str]:
+        """Runs in the worker's thread: the utterances of a batch share one
+        encoder and decoder pass, each padded to the batch's longest window."""
+        texts = [""] * len(batch)
+        short: list[tuple[int, np.ndarray]] = []
+        for i, audio in enumerate(batch):
+            samples = int16_to_float(audio)
+            features = self._model.feature_extractor(samples)
+            if features.shape[1] > FULL_WINDOW_FRAMES:
+                texts[i] = self._transcribe_long(samples)
+            else:
+                short.append((i, features))
+        for group in self._similar_lengths(short):
+            for i, text in self._generate(group):
+                texts[i] = text
+        return texts
+
+    def _similar_lengths(
+        self, items: list[tuple[int, np.ndarray]]
+    ) -> list[list[tuple[int, np.ndarray]]]:
+        """Utterances whose trimmed windows differ by at most MAX_EXTRA_PAD:
+        a short utterance padded far past its end makes Whisper read it again
+        into the silence (seen: a whole sentence repeated)."""
+        ordered = sorted(items, key=lambda item: item[1].shape[1])
+        groups: list[list[tuple[int, np.ndarray]]] = []
+        for item in ordered:
+            window = self._window_frames(item[1].shape[1])
+            if groups and window - self._window_frames(groups[-1][0][1].shape[1]) <= MAX_EXTRA_PAD:
+                groups[-1].append(item)
+            else:
+                groups.append([item])
+        return groups
+
+    def _generate(self, group: list[tuple[int, np.ndarray]]) -> list[tuple[int, str]]:
+        window = max(self._window_frames(f.shape[1]) for _, f in group)
+        padded = np.zeros((len(group), group[0][1].shape[0], window), dtype=np.float32)
+        for row, (_, features) in enumerate(group):
+            padded[row, :, : features.shape[1]] = features[:, :window]
+        longest = max(f.shape[1] for _, f in group)
+        results = self._model.model.generate(
+            ctranslate2.StorageView.from_array(padded),
+            [self._prompt] * len(group),
             beam_size=1,
-            max_length=min(MAX_TOKENS, 8 + int(frames / 100 * TOKENS_PER_SECOND)),
+            max_length=min(MAX_TOKENS, 8 + int(longest / 100 * TOKENS_PER_SECOND)),
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=[-1],
-        )[0]
-        if result.no_speech_prob > NO_SPEECH_THRESHOLD:
-            return ""  # noise or breath: Whisper would otherwise invent a phrase
-        return self._decode_segments(result.sequences_ids[0], frames / 100.0)
+        )
+        texts: list[tuple[int, str]] = []
+        for (i, features), result in zip(group, results, strict=True):
+            if result.no_speech_prob > NO_SPEECH_THRESHOLD:
+                continue  # noise or breath: Whisper would otherwise invent a phrase
+            duration_s = features.shape[1] / 100.0
+            texts.append((i, self._decode_segments(result.sequences_ids[0], duration_s)))
+        return texts
 
     def _decode_segments(self, tokens: list[int], duration_s: float) -> str:
         """Text of the timestamped segments that start inside the audio."""
@@ -106,7 +178,7 @@ class FasterWhisperStt:
                 words.append(token)
         if words and (start is None or start < duration_s - 0.1):
             texts.append(self._tokenizer.decode(words))
-        return "".join(texts).strip()
+        return without_restart("".join(texts).strip())
 
     def _transcribe_long(self, samples: np.ndarray) -> str:
         segments, _info = self._model.transcribe(
@@ -123,7 +195,13 @@ class FasterWhisperStt:
         await self.transcribe(np.zeros(16000, dtype=np.int16))
 
     async def transcribe(self, audio: np.ndarray) -> str:
-        return await self._worker.run(self._transcribe_blocking, audio)
+        return await self._worker.submit(audio)
+
+    async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
+        return await self._worker.submit_partial(audio)
+
+    def stats(self) -> dict[str, object]:
+        return {"backend": self.name, **self._worker.stats.snapshot()}
 
     def close(self) -> None:
         self._worker.close()
@@ -131,5 +209,11 @@ class FasterWhisperStt:
 
 def create(settings: Settings) -> FasterWhisperStt:
     return FasterWhisperStt(
-        settings.stt_model, settings.stt_language, settings.stt_threads, settings.stt_window
+        settings.stt_model,
+        settings.stt_language,
+        settings.stt_threads,
+        settings.stt_window,
+        max_batch=settings.stt_max_batch,
+        batch_wait_ms=settings.stt_batch_wait_ms,
+        max_speculative_batch=settings.stt_partial_max_batch,
     )

@@ -194,6 +194,10 @@ class ParakeetStt:
             return None
         return await self._worker.submit_partial(audio)
 
+    async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
+        # The same low priority as partials: shed while finals wait.
+        return await self.transcribe_partial(audio)
+
     def stats(self) -> dict[str, object]:
         return {
             "backend": self.name,

@@ -147,6 +147,7 @@ async def create_call(request: web.Request) -> web.StreamResponse:
             503, "shutting_down", "the server is shutting down", {"Retry-After": RETRY_AFTER_S}
         )
     if not calls.reserve():
+        calls.refused_full += 1
         return error_response(
             503,
             "server_full",
@@ -214,6 +215,7 @@ async def readyz(request: web.Request) -> web.StreamResponse:
         "ready": engine.ready,
         "calls": len(calls),
         "max_calls": calls.max_calls,
+        "load": round(calls.load, 3),
         "llm": engine.llm_health(),
     }
     if not engine.ready:
@@ -239,6 +241,8 @@ async def stats(request: web.Request) -> web.StreamResponse:
             "calls": len(calls),
             "calls_total": calls.calls_total,
             "max_calls": calls.max_calls,
+            "load": round(calls.load, 3),
+            "refused_full": calls.refused_full,
             "pacing": {
                 "frames": pacing.frames,
                 "audio_frames": pacing.audio_frames,

@@ -20,6 +20,12 @@ class CallRegistry:
         # Outbound pacing of calls that have ended, folded in as they end.
         self._ended = PacingStats()
         self.calls_total = 0
+        self.refused_full = 0  # offers answered 503: over capacity
+
+    @property
+    def load(self) -> float:
+        """Share of the capacity in use (calls being set up count)."""
+        return (len(self._calls) + self._reserved) / self.max_calls
 
     def __len__(self) -> int:
         return len(self._calls)

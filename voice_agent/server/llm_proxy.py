@@ -76,6 +76,9 @@ def add_llm_proxy(
             sock_read=max(config.first_token_timeout_s, config.read_timeout_s),
         )
         try:
+            if not pool:  # made on first use, inside the loop, knowing the endpoint
+                connector = aiohttp.TCPConnector(force_close=not config.keep_alive)
+                pool.append(aiohttp.ClientSession(connector=connector))
             upstream = await pool[0].post(url, json=body, headers=headers, timeout=timeout)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("llm proxy: upstream failed", extra={"url": url, "error": repr(exc)})
@@ -99,9 +102,9 @@ def add_llm_proxy(
             upstream.close()  # the client left, or we are done: stop upstream work
 
     async def http_session(app: web.Application) -> AsyncIterator[None]:
-        pool.append(aiohttp.ClientSession())
         yield
-        await pool.pop().close()
+        if pool:
+            await pool.pop().close()
 
     app.cleanup_ctx.append(http_session)
     for path in PATHS:

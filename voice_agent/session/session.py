@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from voice_agent.backends.base import (
     TtsBackend,
     VadBackend,
 )
-from voice_agent.backends.capabilities import PartialTranscriber
+from voice_agent.backends.capabilities import PartialTranscriber, SpeculativeTranscriber
 from voice_agent.backends.samples import Samples
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import (
@@ -86,7 +86,7 @@ class SessionConfig:
 @dataclass
 class _Speculation:
     audio_end_ms: int
-    stt_task: asyncio.Task[str]
+    stt_task: asyncio.Task[str | None]  # None: shed under load
     response: Response | None = None
     metrics: TurnMetrics | None = None
 
@@ -125,6 +125,7 @@ class VoiceSession:
         # Typed messages that arrived while a reply was being given.
         self._held_texts: list[str] = []
         self.stt_latency = Samples()  # final transcripts: request to text
+        self.speculations_shed = 0  # pauses not transcribed early: finals were waiting
         self._partials: PartialTranscripts | None = None
         if config.partial_interval_ms > 0 and isinstance(models.stt, PartialTranscriber):
             self._partials = PartialTranscripts(
@@ -176,20 +177,31 @@ class VoiceSession:
         self._drop_speculation()
         log.debug("speculating", extra={"session": self.id, "audio_end_ms": event.audio_end_ms})
         metrics = TurnMetrics(speculative=True, stt_start=now())
-        task = asyncio.create_task(self.models.stt.transcribe(event.audio), name="stt-early")
+        stt = self.models.stt
+        transcript: Coroutine[Any, Any, str | None] = (
+            stt.transcribe_speculative(event.audio)
+            if isinstance(stt, SpeculativeTranscriber)
+            else stt.transcribe(event.audio)
+        )
+        task = asyncio.create_task(transcript, name="stt-early")
         spec = _Speculation(event.audio_end_ms, task, metrics=metrics)
         self._speculation = spec
         generation = self._generation
         task.add_done_callback(lambda t: self._on_early_transcript(spec, t, generation))
 
-    def _on_early_transcript(self, spec: _Speculation, task: asyncio.Task[str], gen: int) -> None:
+    def _on_early_transcript(
+        self, spec: _Speculation, task: asyncio.Task[str | None], gen: int
+    ) -> None:
         if task.cancelled() or task.exception() is not None:
+            return
+        if task.result() is None:  # shed under load: the final transcript will come
+            self.speculations_shed += 1
             return
         assert spec.metrics is not None
         spec.metrics.stt_done = now()
         if self._speculation is not spec or gen != self._generation or self._closed:
             return
-        text = task.result().strip()
+        text = (task.result() or "").strip()
         if text:
             spec.response = self._new_response(text, spec.metrics)
 
@@ -250,12 +262,13 @@ class VoiceSession:
         generation: int,
     ) -> None:
         try:
-            if spec is not None:
-                text = (await spec.stt_task).strip()
-            else:
+            early = await spec.stt_task if spec is not None else None
+            if early is None:  # no speculation, or it was shed under load
+                metrics.speculative = False
                 metrics.stt_start = now()
-                text = (await self.models.stt.transcribe(event.audio)).strip()
+                early = await self.models.stt.transcribe(event.audio)
                 metrics.stt_done = now()
+            text = early.strip()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -425,7 +438,10 @@ class VoiceSession:
 
     def stt_stats(self) -> dict[str, object]:
         """Per-session STT latency, finals and (when on) partials."""
-        stats: dict[str, object] = {"final": self.stt_latency.summary_ms()}
+        stats: dict[str, object] = {
+            "final": self.stt_latency.summary_ms(),
+            "speculations_shed": self.speculations_shed,
+        }
         if self._partials is not None:
             stats["partial"] = self._partials.latency.summary_ms()
         return stats

@@ -1,0 +1,112 @@
+"""The embedded llama-server serves many sessions at once: concurrent
+requests are decoded together and none interrupts another, and a session's
+cached prompt survives the other sessions' turns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest_asyncio
+
+from voice_agent.backends.llama_server import MODEL_ALIAS
+from voice_agent.engine import Engine
+
+SYSTEM = (
+    "You are a friendly assistant on a phone line. Keep every answer short, warm and "
+    "plain, with no lists and no markdown, because it is read aloud to the caller. "
+)
+
+
+def llama_url(engine: Engine) -> str:
+    assert engine.llama is not None
+    return engine.llama.base_url
+
+
+async def complete(
+    http: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], tokens: int
+) -> dict[str, Any]:
+    """A streamed completion, as the sessions ask for them; returns the text
+    and the server's own timings (its last chunk carries them)."""
+    body = {
+        "model": MODEL_ALIAS,
+        "messages": messages,
+        "max_tokens": tokens,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    text: list[str] = []
+    timings: dict[str, Any] = {}
+    finish: str | None = None
+    async with http.post(url + "/chat/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                text.append((choice.get("delta") or {}).get("content") or "")
+                finish = choice.get("finish_reason") or finish
+            timings = chunk.get("timings") or timings
+    return {"text": "".join(text), "timings": timings, "finish": finish}
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    # llama-server closes the connection after each streamed reply.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        yield session
+
+
+async def test_concurrent_requests_all_finish_and_none_is_cut_short(
+    engine: Engine, http: aiohttp.ClientSession
+) -> None:
+    url = llama_url(engine)
+    questions = [f"Tell me a story about a {animal}." for animal in ("cat", "dog", "owl", "fox")]
+    alone = [await complete(http, url, [{"role": "user", "content": q}], 24) for q in questions]
+    started = time.perf_counter()
+    together = await asyncio.gather(
+        *(complete(http, url, [{"role": "user", "content": q}], 24) for q in questions)
+    )
+    overlapped = time.perf_counter() - started
+    for reply in together:
+        # Not interrupted: every reply runs to its token limit. (Batched
+        # decoding is not bit-identical to decoding alone: the words may differ.)
+        assert reply["finish"] == "length" and reply["timings"]["predicted_n"] == 24
+        assert reply["text"].strip()
+    serial = sum(r["timings"]["predicted_ms"] + r["timings"]["prompt_ms"] for r in alone) / 1000
+    assert overlapped < serial, (overlapped, serial)  # decoded together, not one by one
+
+
+async def test_a_sessions_cached_prompt_survives_other_sessions_turns(
+    engine: Engine, http: aiohttp.ClientSession
+) -> None:
+    url = llama_url(engine)
+    history = [
+        {"role": "system", "content": SYSTEM * 6},
+        {"role": "user", "content": "My name is Zoe and I live in Lyon."},
+    ]
+    first = await complete(http, url, history, 8)
+    prompt_tokens = first["timings"]["prompt_n"] + first["timings"].get("cache_n", 0)
+    # Other callers take their turns, more of them than there are idle slots' worth.
+    others = [
+        [
+            {"role": "system", "content": f"You are assistant number {i}. " * 30},
+            {"role": "user", "content": f"Count to {i}."},
+        ]
+        for i in range(12)
+    ]
+    await asyncio.gather(*(complete(http, url, o, 8) for o in others))
+    history += [
+        {"role": "assistant", "content": first["text"]},
+        {"role": "user", "content": "Where do I live?"},
+    ]
+    second = await complete(http, url, history, 8)
+    # Zoe's earlier prompt came back from the cache: only the new tail was processed.
+    assert second["timings"]["cache_n"] >= prompt_tokens - 8, (first, second)
+    assert second["timings"]["prompt_n"] < 60, second
