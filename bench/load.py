@@ -6,9 +6,11 @@ the callers run at a lower priority (nice 10), so on a shared machine the
 server's CPU comes first and the clients' own work stays out of the result
 as far as one machine allows. For each N it reports the client-measured
 voice-to-voice time (end of the speech sent -> first audible audio back),
-turns completed / failed / refused, outbound frames later than 20 ms, and
-the server's CPU and memory per call (its process and its children: the
-llama.cpp server).
+turns completed / failed / refused, outbound frames later than 20 ms, the
+server's CPU and memory per call (its process and its children: the
+llama.cpp server), and the server's own p50 per stage, in ms after the end
+of speech (STT final, LLM first token, TTS first audio), with how many
+replies were prepared speculatively.
 
     .venv/bin/python bench/load.py                       # N = 1, 2, 5, 10
     .venv/bin/python bench/load.py --callers 5 --turns 4
@@ -135,6 +137,11 @@ async def measure(
     frames = pacing_after["frames"] - pacing_before["frames"]  # type: ignore[index]
     late = pacing_after["late_over_20ms"] - pacing_before["late_over_20ms"]  # type: ignore[index]
     served = max(1, callers - refused - crashed)
+
+    def stage(key: str) -> str:
+        values = [t.server[key] for t in completed if key in t.server]
+        return f"{pct(values, 50):.0f}" if values else "-"
+
     return [
         callers,
         len(completed),
@@ -146,6 +153,10 @@ async def measure(
         f"{pacing_after['max_late_ms']:.0f}",  # type: ignore[index]
         f"{100 * cpu / wall / served:.0f}",
         f"{(peak_rss - idle_rss) / served:.0f}",
+        stage("stt_final_after_speech_end_ms"),
+        stage("llm_first_token_after_speech_end_ms"),
+        stage("tts_first_audio_after_speech_end_ms"),
+        f"{sum(t.speculative for t in completed)}/{len(completed)}",
     ]
 
 
@@ -217,6 +228,10 @@ async def main() -> None:
                 "max late ms",
                 "server CPU %/call",
                 "RSS MB/call",
+                "STT p50",
+                "LLM 1st p50",
+                "TTS 1st p50",
+                "speculative",
             ],
         )
     )
