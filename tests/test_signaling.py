@@ -258,3 +258,60 @@ async def test_a_malformed_offer_never_reaches_a_peer_connection(
     assert status == 400
     assert created == []
     assert sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects()) == pcs_before
+
+
+def mutate(sdp: str, prefix: str, replacement: str) -> str:
+    """The offer with its first line starting with ``prefix`` replaced."""
+    lines = sdp.split("\r\n")
+    index = next(i for i, line in enumerate(lines) if line.startswith(prefix))
+    lines[index] = replacement
+    return "\r\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "replacement", "says"),
+    [
+        # Each of these tripped an ``assert`` in aiortc's parser (a 500, and
+        # no check at all under ``python -O``).
+        ("a=candidate:", "a=candidate:1 1 udp 2130706431", "malformed ICE candidate"),
+        ("a=candidate:", "a=candidate:1 1 udp x 10.0.0.1 9 typ host", "malformed ICE candidate"),
+        ("m=audio", "m=audio 9 UDP/TLS/RTP/SAVPF 300", "invalid RTP payload type"),
+        ("m=audio", "m=audio nine UDP/TLS/RTP/SAVPF 111", "malformed media line"),
+        ("c=", "c=IN IP4", "malformed connection line"),
+    ],
+)
+async def test_offers_with_a_malformed_line_are_400_naming_it(
+    server_factory: ServerFactory,
+    http: aiohttp.ClientSession,
+    prefix: str,
+    replacement: str,
+    says: str,
+) -> None:
+    server = await server_factory()
+    pc, sdp = await real_offer()
+    await pc.close()
+    if prefix == "a=candidate:" and prefix not in sdp:  # no candidates gathered: add one
+        sdp = sdp.replace("a=mid:0\r\n", "a=mid:0\r\na=candidate:x\r\n", 1)
+    status, _, text = await post(http, server.url, mutate(sdp, prefix, replacement))
+    assert status == 400, text
+    assert '"code": "invalid_sdp"' in text and says in text
+    assert len(server.calls) == 0
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data", b"--x\r\nContent-Disposition: form-data; name=sdp\r\n\r\nv=0"),
+        ("multipart/form-data; boundary=x", b"--x\r\nbroken header line\r\n\r\nv=0\r\n--x--"),
+        ("multipart/form-data; boundary=x", b"--x\r\nContent-Disposition: form-data; name=sdp"),
+    ],
+    ids=["no-boundary", "broken-part-header", "cut-short"],
+)
+async def test_broken_multipart_bodies_are_400(
+    server_factory: ServerFactory, http: aiohttp.ClientSession, content_type: str, body: bytes
+) -> None:
+    server = await server_factory()
+    status, _, text = await post(http, server.url, body, content_type)
+    assert status == 400, text
+    assert '"code": "invalid_' in text
+    assert len(server.calls) == 0

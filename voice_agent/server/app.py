@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import aiohttp.http_exceptions
 from aiohttp import BodyPartReader, web
 from aiortc.sdp import SessionDescription
 
@@ -25,6 +27,7 @@ from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.llm_proxy import add_llm_proxy
 from voice_agent.server.sdk import add_sdk_routes
+from voice_agent.server.sdp_check import check_offer_lines
 from voice_agent.session.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -67,8 +70,9 @@ def validate_offer(sdp: str) -> None:
     if not sdp.lstrip().startswith("v=0"):
         raise OfferError(400, "invalid_sdp", "body is not an SDP offer (it must start with v=0)")
     try:
+        check_offer_lines(sdp)
         parsed = SessionDescription.parse(sdp)
-    except (ValueError, IndexError, KeyError) as exc:
+    except (ValueError, IndexError, KeyError, AssertionError) as exc:
         raise OfferError(400, "invalid_sdp", f"the offer could not be parsed: {exc}") from None
     audio = [media for media in parsed.media if media.kind == "audio"]
     if not audio:
@@ -106,6 +110,20 @@ async def read_offer(request: web.Request, limit: int) -> tuple[str, dict[str, A
 
 
 async def _read_multipart(request: web.Request, limit: int) -> tuple[bytes, dict[str, Any] | None]:
+    try:
+        return await _read_parts(request, limit)
+    except (
+        ValueError,
+        AssertionError,
+        EOFError,
+        aiohttp.ClientPayloadError,
+        aiohttp.http_exceptions.HttpProcessingError,
+    ) as exc:
+        # No boundary, a broken part header, a body cut short.
+        raise OfferError(400, "invalid_body", f"malformed multipart body: {exc}") from None
+
+
+async def _read_parts(request: web.Request, limit: int) -> tuple[bytes, dict[str, Any] | None]:
     reader = await request.multipart()
     sdp: bytes | None = None
     session: dict[str, Any] | None = None
