@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import statistics
 import sys
@@ -30,8 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.serving import start_server, wait_ready  # noqa: E402
 from tests.audio_data import librivox, silence, speech_bounds  # noqa: E402
-from tests.ports import free_port  # noqa: E402
 from voice_agent.client import RealtimeClient  # noqa: E402
 from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
 
@@ -154,35 +153,10 @@ async def main() -> None:
     args = parser.parse_args()
 
     restrict_host_addresses(["127.0.0.1"])
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "voice_agent",
-        "serve",
-        "--port",
-        str(port),
-        "--ice-host-addresses",
-        "127.0.0.1",
-        "--log-level",
-        "WARNING",
-        "--max-calls",
-        str(max(args.calls, 20)),
-        *args.server_arg,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    server, url = await start_server("--max-calls", str(max(args.calls, 20)), *args.server_arg)
     try:
         async with aiohttp.ClientSession() as http:
-            async with asyncio.timeout(120):
-                while True:
-                    try:
-                        async with http.get(url + "/readyz") as response:
-                            if response.status == 200:
-                                break
-                    except aiohttp.ClientConnectionError:
-                        pass
-                    await asyncio.sleep(0.25)  # the server is booting: not on any media path
+            await wait_ready(http, url)
             # One warm-up turn: first-use allocations (inference arenas, the LLM's
             # buffers) are not per-call costs.
             await one_call(url, http, 0, 1, 0.0)

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.latency import Turn, one_call, pct, rss_mb, table  # noqa: E402
-from tests.ports import free_port  # noqa: E402
+from bench.serving import start_server, wait_ready  # noqa: E402
 from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
 
 CLIENT_NICE = 10
@@ -177,34 +177,11 @@ async def main() -> None:
         await client_main(args.client, args.index, args.turns, args.gap, args.delay)
         return
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "voice_agent",
-        "serve",
-        "--port",
-        str(port),
-        "--ice-host-addresses",
-        "127.0.0.1",
-        "--log-level",
-        "WARNING",
-        *args.server_arg,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    server, url = await start_server(*args.server_arg)
     rows: list[list[object]] = []
     try:
         async with aiohttp.ClientSession() as http:
-            async with asyncio.timeout(180):
-                while True:
-                    try:
-                        async with http.get(url + "/readyz") as response:
-                            if response.status == 200:
-                                break
-                    except aiohttp.ClientConnectionError:
-                        pass
-                    await asyncio.sleep(0.25)  # the server is booting: not on any media path
+            await wait_ready(http, url)
             # One warm-up conversation: first-use allocations are not per-call costs.
             await run_callers(url, 1, 1, 0.0, 0.0)
             for callers in (int(n) for n in args.callers.split(",")):

@@ -382,12 +382,16 @@ class EmbeddedLlamaServer:
         raise ChildDied(self._record_exit(process, during))
 
     async def _supervise(self) -> None:
+        while not self._stopping:
+            process = self._process
+            assert process is not None
+            await process.wait()
+            await self._stop_drain()
+            await self._restart(self._record_exit(process, "serving"))
+
+    async def _restart(self, exit: ChildExit) -> None:
+        """Relaunch, with backoff, until a child answers its health check."""
         backoff = self.restart_backoff_s
-        process = self._process
-        assert process is not None
-        await process.wait()
-        await self._stop_drain()
-        exit = self._record_exit(process, "serving")
         while not self._stopping:
             looping = len(self.recent_deaths()) >= CRASH_LOOP_DEATHS
             self.state = State.CRASH_LOOPING if looping else State.RESTARTING
@@ -402,26 +406,20 @@ class EmbeddedLlamaServer:
                 },
             )
             await asyncio.sleep(backoff)  # restart backoff, not a polling loop
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
             try:
                 await self._launch("start-up")
                 await self._probe("health check")
             except ChildDied as exc:
                 exit = exc.exit
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             except Exception as exc:  # a timeout, a failed spawn: keep supervising
                 log.error("restarting llama.cpp server failed", extra={"error": repr(exc)})
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             self.restarts += 1
             self.state = State.READY
             log.info("embedded llama.cpp server healthy again", extra={"restarts": self.restarts})
-            backoff = self.restart_backoff_s
-            process = self._process
-            assert process is not None
-            await process.wait()
-            await self._stop_drain()
-            exit = self._record_exit(process, "serving")
+            return
 
     async def _terminate(self, process: asyncio.subprocess.Process) -> None:
         if process.returncode is None:

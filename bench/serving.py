@@ -1,0 +1,36 @@
+"""Start ``voice-agent serve`` for a benchmark, in its own process, and
+wait until it is ready."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import aiohttp
+
+from tests.ports import free_port
+
+
+async def start_server(*flags: str) -> tuple[asyncio.subprocess.Process, str]:
+    """The server process (embedded models, loopback media) and its URL."""
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "voice_agent", "serve", "--port", str(port)),
+        *("--ice-host-addresses", "127.0.0.1", "--log-level", "WARNING"),
+        *flags,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    return process, f"http://127.0.0.1:{port}"
+
+
+async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 180) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            try:
+                async with http.get(url + "/readyz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.25)  # the server is booting: not on any media path
