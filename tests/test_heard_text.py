@@ -47,7 +47,7 @@ class WordTones:
     name = "tones"
     sample_rate = 48_000
 
-    async def synthesize(self, text: str) -> np.ndarray:
+    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
         return np.full(len(text.split()) * WORD_SAMPLES, 3000, dtype=np.int16)
 
     def close(self) -> None:

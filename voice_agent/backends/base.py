@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -42,8 +43,10 @@ class TtsBackend(Protocol):
     name: str
     sample_rate: int
 
-    async def synthesize(self, text: str) -> np.ndarray:
-        """Synthesize text into mono int16 audio at ``sample_rate``."""
+    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
+        """Synthesize text into mono int16 audio at ``sample_rate``. An
+        ``urgent`` piece (a reply's first: the caller hears nothing until it
+        is done) goes before pieces whose turn to play has not come yet."""
         ...
 
     def close(self) -> None: ...
@@ -130,3 +133,58 @@ class InferenceWorker:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class PriorityInferenceWorker:
+    """One thread per model, like InferenceWorker, whose waiting jobs are
+    taken urgent ones first. Sessions share the model: one caller's first
+    words are not made to wait behind another caller's later sentences,
+    which have the audio before them as slack. A job cancelled while queued
+    never starts."""
+
+    def __init__(self, name: str) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._urgent: deque[_Job[Any]] = deque()
+        self._normal: deque[_Job[Any]] = deque()
+        self._busy = False
+
+    async def run(self, func: Callable[..., T], *args: object, urgent: bool = False) -> T:
+        job: _Job[T] = _Job(asyncio.get_running_loop().create_future(), func, args)
+        (self._urgent if urgent else self._normal).append(job)
+        self._next()
+        return await job.future
+
+    def _next(self) -> None:
+        while not self._busy and (self._urgent or self._normal):
+            job = (self._urgent or self._normal).popleft()
+            if job.future.done():  # its caller went away while it waited
+                continue
+            self._busy = True
+            loop = job.future.get_loop()
+            running = loop.run_in_executor(self._executor, functools.partial(job.func, *job.args))
+            running.add_done_callback(functools.partial(self._finished, job))
+
+    def _finished(self, job: _Job[Any], running: asyncio.Future[Any]) -> None:
+        self._busy = False
+        if not job.future.done():
+            if running.cancelled():
+                job.future.cancel()
+            elif (error := running.exception()) is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(running.result())
+        self._next()
+
+    def close(self) -> None:
+        for job in (*self._urgent, *self._normal):
+            job.future.cancel()
+        self._urgent.clear()
+        self._normal.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class _Job(Generic[T]):
+    future: asyncio.Future[T]
+    func: Callable[..., T]
+    args: tuple[object, ...]

@@ -11,7 +11,7 @@ import onnxruntime
 from piper import PiperVoice, SynthesisConfig
 from piper.config import PiperConfig
 
-from voice_agent.backends.base import InferenceWorker
+from voice_agent.backends.base import PriorityInferenceWorker
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.config import Settings
 
@@ -53,7 +53,7 @@ class PiperTts:
         self._voice = _load_voice(voice_path, threads)
         self.sample_rate = int(self._voice.config.sample_rate)
         self._config = SynthesisConfig(length_scale=1.0 / speed)
-        self._worker = InferenceWorker("tts")
+        self._worker = PriorityInferenceWorker("tts")
         log.info("tts voice loaded", extra={"voice": str(voice_path)})
 
     def _synthesize_blocking(self, text: str) -> np.ndarray:
@@ -62,8 +62,8 @@ class PiperTts:
             return np.zeros(0, dtype=np.int16)
         return np.concatenate(chunks).astype(np.int16, copy=False)
 
-    async def synthesize(self, text: str) -> np.ndarray:
-        return await self._worker.run(self._synthesize_blocking, text)
+    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
+        return await self._worker.run(self._synthesize_blocking, text, urgent=urgent)
 
     def close(self) -> None:
         self._worker.close()

@@ -375,7 +375,7 @@ class Response:
         first = index == 0
         if first:
             self.metrics.first_piece = self.metrics.tts_start = now()
-        audio = await self.tts.synthesize(text)
+        audio = await self.tts.synthesize(text, urgent=first)
         audio = self._resampler.process(audio)
         if first:
             self.metrics.tts_first_audio = now()

@@ -1,0 +1,62 @@
+"""The shared TTS takes a reply's first piece before other replies' later
+pieces, and never starts a piece whose caller went away."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from voice_agent.backends.base import PriorityInferenceWorker
+from voice_agent.backends.tts_piper import PiperTts, default_voice_path
+
+
+async def test_urgent_jobs_jump_the_queue_and_cancelled_ones_never_run() -> None:
+    worker = PriorityInferenceWorker("test")
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def job(name: str) -> str:
+        if name == "busy":
+            gate.wait(5)
+        ran.append(name)
+        return name
+
+    try:
+        busy = asyncio.create_task(worker.run(job, "busy"))
+        await asyncio.sleep(0.05)  # the thread holds "busy"; the rest must queue
+        later = [asyncio.create_task(worker.run(job, f"later-{i}")) for i in range(2)]
+        gone = asyncio.create_task(worker.run(job, "gone"))
+        first = asyncio.create_task(worker.run(job, "first-words", urgent=True))
+        await asyncio.sleep(0)
+        gone.cancel()
+        gate.set()
+        assert await first == "first-words"
+        await asyncio.gather(busy, *later)
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert ran == ["busy", "first-words", "later-0", "later-1"]
+    finally:
+        worker.close()
+
+
+async def test_a_first_piece_is_synthesized_before_queued_later_pieces() -> None:
+    tts = PiperTts(default_voice_path(), 1.0, threads=1)
+    done: list[str] = []
+
+    async def say(text: str, urgent: bool) -> None:
+        await tts.synthesize(text, urgent=urgent)
+        done.append(text)
+
+    try:
+        long = "This sentence is long enough to keep the voice busy for a while, really."
+        await asyncio.gather(
+            say(long, False),  # runs first: the worker was idle
+            say("Later sentence one.", False),
+            say("Later sentence two.", False),
+            say("Hello!", True),  # another caller's first words
+        )
+        assert done.index("Hello!") == 1, done
+    finally:
+        tts.close()
