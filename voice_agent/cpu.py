@@ -11,9 +11,9 @@ import math
 import os
 from pathlib import Path
 
-# Calls one core carries within the latency targets, measured with
-# bench/load.py on the embedded models (2-core x86-64: 5 calls at v2v p95
-# within 2.5 s; see the README's load table).
+# Calls one core carries, measured with bench/load.py on the embedded
+# models: on 2 cores, 5 callers complete every turn with 0-59 of ~15,000
+# frames late (voice-to-voice p50 1.7-2.3 s; see the README's load table).
 CALLS_PER_CORE = 2.5
 
 
