@@ -315,3 +315,23 @@ async def test_broken_multipart_bodies_are_400(
     assert status == 400, text
     assert '"code": "invalid_' in text
     assert len(server.calls) == 0
+
+
+async def test_a_client_over_its_offer_rate_gets_429_and_others_do_not(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(offers_per_minute=3)
+    for _ in range(3):  # bad offers count too: a flood is a flood
+        status, _, _ = await post(http, server.url, b"nonsense")
+        assert status == 400
+    status, headers, text = await post(http, server.url, b"nonsense")
+    assert status == 429, text
+    assert '"code": "rate_limited"' in text and int(headers["Retry-After"]) >= 1
+    # Another client address (the loopback range is all this machine's) still calls.
+    other = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+    async with aiohttp.ClientSession(connector=other) as elsewhere:
+        status, _, _ = await post(elsewhere, server.url, b"nonsense")
+    assert status == 400
+    async with http.get(server.url + "/v1/stats") as response:
+        assert (await response.json())["refused_rate_limited"] == 1
+    assert len(server.calls) == 0

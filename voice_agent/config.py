@@ -30,6 +30,12 @@ class Settings(BaseSettings):
         description="Capacity: concurrent calls before answering 503 with Retry-After "
         "(default: 2.5 per available core, measured with bench/load.py).",
     )
+    offers_per_minute: int = Field(
+        60,
+        ge=0,
+        description="New calls one client address may offer per minute (a token bucket; "
+        "over it: 429 with Retry-After; 0 = no limit).",
+    )
     max_offer_bytes: int = Field(64 * 1024, ge=1024, description="Largest SDP offer accepted.")
     connect_timeout_s: float = Field(
         20.0, gt=0, description="Release a call whose peer never connects within this time."

@@ -25,6 +25,7 @@ from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.calls import CallRegistry
+from voice_agent.server.limits import OfferRateLimiter, retry_after
 from voice_agent.server.llm_proxy import add_llm_proxy
 from voice_agent.server.sdk import add_sdk_routes
 from voice_agent.server.sdp_check import check_offer_lines
@@ -37,6 +38,7 @@ CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
 # Set once shutdown begins (an Event: the app itself is frozen by then).
 SHUTTING_DOWN: web.AppKey[asyncio.Event] = web.AppKey("shutting_down", asyncio.Event)
+OFFER_LIMITS: web.AppKey[OfferRateLimiter] = web.AppKey("offer_limits", OfferRateLimiter)
 
 CALLS_PATH = "/v1/realtime/calls"
 RETRY_AFTER_S = "5"
@@ -50,7 +52,11 @@ def error_response(
 ) -> web.Response:
     body = {
         "error": {
-            "type": "invalid_request_error" if status < 500 else "server_error",
+            "type": "rate_limit_error"
+            if status == 429
+            else "invalid_request_error"
+            if status < 500
+            else "server_error",
             "code": code,
             "message": message,
         }
@@ -152,6 +158,15 @@ async def _read_parts(request: web.Request, limit: int) -> tuple[bytes, dict[str
 
 async def create_call(request: web.Request) -> web.StreamResponse:
     settings, engine, calls = request.app[SETTINGS], request.app[ENGINE], request.app[CALLS]
+    # Before anything is read or parsed: a flood costs one dict lookup per offer.
+    wait_s = request.app[OFFER_LIMITS].take(request.remote or "unknown")
+    if wait_s is not None:
+        return error_response(
+            429,
+            "rate_limited",
+            f"more than {settings.offers_per_minute} offers a minute from this address",
+            {"Retry-After": retry_after(wait_s)},
+        )
     try:
         sdp, session_config = await read_offer(request, settings.max_offer_bytes)
     except OfferError as exc:
@@ -261,6 +276,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
             "max_calls": calls.max_calls,
             "load": round(calls.load, 3),
             "refused_full": calls.refused_full,
+            "refused_rate_limited": request.app[OFFER_LIMITS].refused,
             "pacing": {
                 "frames": pacing.frames,
                 "audio_frames": pacing.audio_frames,
@@ -332,6 +348,7 @@ def build_app(settings: Settings, engine: Engine) -> web.Application:
     restrict_host_addresses(settings.ice_host_addresses)
     app[ENGINE] = engine
     app[CALLS] = CallRegistry(settings.max_calls)
+    app[OFFER_LIMITS] = OfferRateLimiter(settings.offers_per_minute)
     app[SHUTTING_DOWN] = asyncio.Event()
     app.router.add_post(CALLS_PATH, create_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
