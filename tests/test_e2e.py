@@ -170,3 +170,36 @@ async def test_five_simultaneous_callers_each_get_their_own_answer(
         assert response["output"][0]["content"][0]["transcript"].strip()
         assert first_sound is not None
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_a_flood_of_events_is_throttled_in_its_own_session_only(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    flooder, talker = RealtimeClient(server.url), RealtimeClient(server.url)
+    for client in (flooder, talker):
+        await client.connect(http)
+        await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    done = talker.wait_for_type("response.done")
+    talking = talker.mic.play(np.concatenate((librivox("0930"), silence(0.3))), 16000)
+    for _ in range(1000):
+        flooder.send({"type": "session.update", "session": {"type": "realtime"}})
+    limited = await asyncio.wait_for(
+        flooder.wait_for(lambda e: e.get("error", {}).get("code") == "rate_limited"), 10
+    )
+    assert "events a second" in limited["error"]["message"]
+    # The other caller is answered as usual, meanwhile.
+    await talking
+    assert (await asyncio.wait_for(done, 60))["response"]["status"] == "completed"
+    # Throttled, not dropped: the flooder's own events work again afterwards,
+    # and it was told once a second at most, not once per dropped event.
+    updated = len(flooder.of_type("session.updated"))
+    assert 200 <= updated < 1000
+    errors = [e for e in flooder.of_type("error") if e["error"]["code"] == "rate_limited"]
+    assert 1 <= len(errors) <= 5
+    await asyncio.sleep(1.0)
+    again = flooder.wait_for_type("session.updated", after=len(flooder.events))
+    flooder.send({"type": "session.update", "session": {"type": "realtime"}})
+    await asyncio.wait_for(again, 5)
+    for client in (flooder, talker):
+        await client.hangup(http)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from voice_agent.ratelimit import TokenBucket
 from voice_agent.realtime import tool_items
 from voice_agent.realtime.errors import ClientEventError as ClientEventError  # re-exported
 from voice_agent.session.events import (
@@ -45,6 +46,10 @@ _CANCEL_REASONS = {
     "session_closed": "client_cancelled",
 }
 MAX_CLIENT_EVENT_BYTES = 256 * 1024
+# Client events one session may send: a flood is throttled in that session
+# alone (its handlers run on the loop every session shares).
+EVENTS_PER_SECOND = 100
+EVENT_BURST = 200
 
 
 class RealtimeProtocol:
@@ -73,6 +78,9 @@ class RealtimeProtocol:
         # announced with the first words, so a call-only reply has none.
         self._announced: set[str] = set()
         self._tools_json: list[JsonDict] = []
+        self._event_budget = TokenBucket(EVENTS_PER_SECOND, EVENT_BURST)
+        self.events_dropped = 0
+        self._dropped_told = 0.0  # when the client was last told of dropped events
 
     def _place_item(self, item_id: str) -> str | None:
         """Append an item to the client's view of the conversation."""
@@ -404,8 +412,29 @@ class RealtimeProtocol:
         }
 
     # -- inbound ------------------------------------------------------------
+    def _drop_flooded(self) -> None:
+        """Drop an event over the session's rate; say so at most once a
+        second (an error per dropped event would feed the flood)."""
+        self.events_dropped += 1
+        now = time.monotonic()
+        if now - self._dropped_told >= 1.0:
+            self._dropped_told = now
+            self.send(
+                self._error(
+                    "invalid_request_error",
+                    "rate_limited",
+                    f"more than {EVENTS_PER_SECOND} events a second: "
+                    f"{self.events_dropped} dropped so far",
+                    None,
+                    None,
+                )
+            )
+
     def on_client_message(self, raw: str | bytes) -> None:
         """Handle one data-channel message; bad input becomes an ``error`` event."""
+        if self._event_budget.take() is not None:
+            self._drop_flooded()
+            return
         client_event_id: str | None = None
         try:
             if len(raw) > MAX_CLIENT_EVENT_BYTES:
