@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
@@ -30,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.latency import CLIPS, pct, speech_and_tail, table  # noqa: E402
+from bench.serving import start_server, wait_ready  # noqa: E402
 from tests.audio_data import RATE, silence  # noqa: E402
-from tests.ports import free_port  # noqa: E402
 from tests.web.browser import chromium, write_capture_wav  # noqa: E402
 
 GAP_S = 8.0  # silence after each question: room for the answer
@@ -58,18 +57,6 @@ PROBE = """
   }, 10);
 }
 """
-
-
-async def wait_ready(url: str) -> None:
-    async with aiohttp.ClientSession() as http, asyncio.timeout(120):
-        while True:
-            try:
-                async with http.get(url + "/readyz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.25)  # the server is booting: not on any media path
 
 
 def capture(turns: int, path: Path) -> Path:
@@ -109,15 +96,10 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=5, help="questions asked")
     args = parser.parse_args()
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "voice_agent", "serve", "--port", str(port)],
-        *["--ice-host-addresses", "127.0.0.1", "--log-level", "WARNING"],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    server, url = await start_server()
     try:
-        await wait_ready(url)
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, url)
         with tempfile.TemporaryDirectory() as tmp:
             wav = capture(args.turns, Path(tmp) / "questions.wav")
             connect_ms, turns = await run(url, args.turns, wav)

@@ -366,10 +366,10 @@ class EmbeddedLlamaServer:
                 http.post(f"{self.base_url}/chat/completions", json=body) as response,
             ):
                 await response.read()
-                if response.status >= 500:
-                    raise LlamaServerError(f"HTTP {response.status}")
-                return
-        except (aiohttp.ClientError, LlamaServerError, TimeoutError) as exc:
+                if response.status < 500:
+                    return
+                problem = f"HTTP {response.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
             problem = str(exc) or type(exc).__name__
         # Did it die answering? Its exit follows the broken connection closely.
         with contextlib.suppress(TimeoutError):
