@@ -12,7 +12,6 @@ import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from aiohttp import web
 from pydantic import ValidationError
 
 from voice_agent import __version__
@@ -90,25 +89,24 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(settings: Settings) -> None:
-    from voice_agent.engine import Engine
-    from voice_agent.server.app import build_app
+    """Serve until SIGINT/SIGTERM: everything in this process, or with
+    ``--workers`` above 1 the front, the models and N media workers."""
+    from voice_agent.server.front import FrontServer
+    from voice_agent.server.single import SingleServer
 
-    engine = Engine(settings)
-    app = build_app(settings, engine)
-    # A client that goes away cancels its handler: the LLM proxy then ends
-    # the upstream request at once, even while it waits for the first byte.
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
-    await site.start()
-    log.info("listening", extra={"url": f"http://{settings.host}:{settings.port}"})
+    server = FrontServer(settings) if settings.workers > 1 else SingleServer(settings)
+    # /healthz answers while models load; /readyz and calls wait for them.
+    await server.listen()
+    log.info(
+        "listening",
+        extra={"url": f"http://{settings.host}:{settings.port}", "workers": settings.workers},
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        # /healthz answers while models load; /readyz and calls wait for them.
-        loading = asyncio.create_task(engine.start(), name="engine-start")
+        loading = asyncio.create_task(server.start(), name="server-start")
         stop_wait = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({loading, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         if loading in done:
@@ -120,8 +118,7 @@ async def serve(settings: Settings) -> None:
                 await loading
     finally:
         log.info("shutting down")
-        await runner.cleanup()
-        await engine.stop()
+        await server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

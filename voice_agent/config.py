@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from voice_agent.cpu import default_max_calls, default_threads
+from voice_agent.cpu import available_cores, default_max_calls, default_threads
 
 
 class Settings(BaseSettings):
@@ -29,6 +29,14 @@ class Settings(BaseSettings):
         ge=1,
         description="Capacity: concurrent calls before answering 503 with Retry-After "
         "(default: 2.5 per available core, measured with bench/load.py).",
+    )
+    workers: int = Field(
+        default_factory=available_cores,
+        ge=1,
+        le=256,
+        description="Media/session worker processes behind the one port (default: the "
+        "available cores). The models (STT, TTS, the embedded LLM) stay in one shared process "
+        "each; 1 runs everything in this process.",
     )
     offers_per_minute: int = Field(
         60,
@@ -259,6 +267,20 @@ class Settings(BaseSettings):
         ge=1,
         description="CPU threads for one TTS synthesis (default: the available cores, at most 4).",
     )
+    tts_base_url: str | None = Field(
+        None, description="Base URL of an OpenAI-compatible speech server (for --tts openai)."
+    )
+    tts_api_key: str | None = Field(
+        None, description="API key for the remote TTS server (default: env OPENAI_API_KEY)."
+    )
+    tts_model: str | None = Field(None, description="Remote TTS model name (default: tts-1).")
+    tts_remote_voice: str | None = Field(
+        None, description="Voice name sent to the remote TTS server (default: alloy)."
+    )
+    tts_sample_rate: int = Field(
+        24000, ge=8000, le=48000, description="Sample rate of the remote TTS server's PCM."
+    )
+    tts_timeout_s: float = Field(20.0, gt=0, description="Timeout for one remote TTS request.")
     tts_speed: float = Field(1.0, gt=0.25, le=4, description="Speaking rate multiplier.")
     output_buffer_ms: int = Field(
         200, ge=40, le=2000, description="Outbound audio buffered ahead of the wire."

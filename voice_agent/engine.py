@@ -7,6 +7,7 @@ import logging
 import os
 import shlex
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from voice_agent.backends.llm_health import RemoteLlmProbe
 from voice_agent.backends.llm_http import HttpLlmConfig
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
+from voice_agent.backends.stt_openai import HostedStt
+from voice_agent.backends.tts_openai import hosted as hosted_tts
 from voice_agent.config import Settings
 from voice_agent.session.response import ReplySettings
 from voice_agent.session.session import Models, SessionConfig
@@ -39,17 +42,35 @@ from voice_agent.stages.turns import TurnConfig
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class SharedModelLinks:
+    """Where a media worker process (``--workers``) finds the models its
+    parent holds: STT and TTS on the parent's speech socket, the LLM at its
+    endpoint. JSON-ready, handed to the worker at start."""
+
+    speech_socket: str
+    llm: dict[str, Any]  # HttpLlmConfig's fields
+    tts_sample_rate: int
+    partial_interval_ms: int
+    prefill: bool
+    model_name: str
+    voice_name: str
+
+
 class Engine:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, links: SharedModelLinks | None = None) -> None:
         self.settings = settings
+        self.links = links
         self.models: Models | None = None
         self.llama: EmbeddedLlamaServer | None = None
         self.remote_llm: RemoteLlmProbe | None = None
         self._started = False
-        self.model_name = settings.llm_model or MODEL_ALIAS
+        self.model_name = links.model_name if links else settings.llm_model or MODEL_ALIAS
         self.llm_config: HttpLlmConfig | None = None  # the endpoint, once started
         self.tools: ToolRegistry | None = None
         self.voice_name = Path(settings.tts_voice).stem if settings.tts_voice else "joe"
+        if links is not None:
+            self.voice_name = links.voice_name
 
     @property
     def ready(self) -> bool:
@@ -83,6 +104,11 @@ class Engine:
             log.info("tools loaded", extra={"tools": [t.name for t in self.tools.specs]})
         # Loading is blocking work: keep the event loop (and /healthz) responsive.
         vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
+        if self.links is not None:
+            self.models = self._linked_models(vad, self.links)
+            self._started = True
+            log.info("worker engine ready", extra={"speech": self.links.speech_socket})
+            return
         stt: SttBackend = await asyncio.to_thread(registry.create, "stt", s.stt, s)
         tts: TtsBackend = await asyncio.to_thread(registry.create, "tts", s.tts, s)
         llm = await self.start_llm()
@@ -93,6 +119,35 @@ class Engine:
             self.llama.supervise()  # restarts from here on; a death before is fatal
         self._started = True
         log.info("engine ready", extra={"seconds": round(time.perf_counter() - started, 2)})
+
+    def _linked_models(self, vad: VadBackend, links: SharedModelLinks) -> Models:
+        """A worker's models: its own VAD (per-frame, tiny), the rest shared."""
+        s = self.settings
+        self.llm_config = HttpLlmConfig(**links.llm)
+        llm: LlmBackend = (
+            OpenAIResponsesLlm(self.llm_config)
+            if s.llm_backend == "responses"
+            else OpenAIChatLlm(self.llm_config)
+        )
+        return Models(
+            vad=vad,
+            stt=HostedStt(links.speech_socket, links.partial_interval_ms, s.stt_timeout_s),
+            tts=hosted_tts(links.speech_socket, links.tts_sample_rate, s.tts_timeout_s),
+            llm=llm,
+        )
+
+    def links_for_workers(self, speech_socket: str) -> SharedModelLinks:
+        """What a media worker needs to use this process's models."""
+        assert self.models is not None and self.llm_config is not None
+        return SharedModelLinks(
+            speech_socket=speech_socket,
+            llm=asdict(self.llm_config),
+            tts_sample_rate=self.models.tts.sample_rate,
+            partial_interval_ms=self._partial_interval_ms(),
+            prefill=self.llm_prefill,
+            model_name=self.model_name,
+            voice_name=self.voice_name,
+        )
 
     async def start_llm(self) -> LlmBackend:
         """The LLM client, starting (and proving) the embedded server first
@@ -174,6 +229,8 @@ class Engine:
     @property
     def llm_prefill(self) -> bool:
         """Prefill (and warm-up) requests: on by default only for the embedded server."""
+        if self.links is not None:
+            return self.links.prefill
         s = self.settings
         return s.llm_prefill if s.llm_prefill is not None else s.llm_base_url is None
 
@@ -215,7 +272,10 @@ class Engine:
                 await self.models.stt.aclose()
             else:
                 self.models.stt.close()
-            self.models.tts.close()
+            if isinstance(self.models.tts, ClosesAsync):
+                await self.models.tts.aclose()
+            else:
+                self.models.tts.close()
             await self.models.llm.aclose()
         if self.llama is not None:
             await self.llama.stop()

@@ -131,3 +131,13 @@ register(
         "pip install aiohttp",
     )
 )
+register(
+    BackendSpec(
+        "tts",
+        "openai",
+        "Remote OpenAI-compatible /audio/speech with PCM (OpenAI, Kokoro-FastAPI, vLLM-Omni)",
+        "voice_agent.backends.tts_openai:create",
+        ("aiohttp",),
+        "pip install aiohttp",
+    )
+)

@@ -56,8 +56,10 @@ class OpenAIStt:
         model: str,
         language: str | None,
         timeout_s: float,
+        unix_socket: str | None = None,
     ) -> None:
         self.url = base_url.rstrip("/") + "/audio/transcriptions"
+        self._unix_socket = unix_socket
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._model = model
         self._language = language
@@ -72,16 +74,26 @@ class OpenAIStt:
         if self._closed:
             raise RemoteSttError(f"the STT client for {self.url} is closed")
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=self._timeout)
+            connector = aiohttp.UnixConnector(path=self._unix_socket) if self._unix_socket else None
+            self._http = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         return self._http
 
     async def transcribe(self, audio: np.ndarray) -> str:
+        text = await self._request(audio, None)
+        if text is None:  # only low-priority requests are ever shed
+            raise RemoteSttError(f"STT server {self.url} shed a final transcript")
+        return text
+
+    async def _request(self, audio: np.ndarray, priority: str | None) -> str | None:
+        """The transcript, or None when the server shed a low-priority request."""
         form = aiohttp.FormData()
         form.add_field("file", wav_bytes(audio), filename="audio.wav", content_type="audio/wav")
         form.add_field("model", self._model)
         form.add_field("response_format", "json")
         if self._language:
             form.add_field("language", self._language)
+        if priority is not None:
+            form.add_field("priority", priority)
         started = time.monotonic()
         try:
             # A cancelled caller closes its connection; the others stay pooled.
@@ -104,7 +116,10 @@ class OpenAIStt:
             self._errors += 1
             raise
         try:
-            text = json.loads(body)["text"]
+            answer = json.loads(body)
+            text = answer["text"]
+            if text is None and answer.get("shed") is True and priority is not None:
+                return None
             if not isinstance(text, str):
                 raise TypeError(type(text).__name__)
         except (ValueError, KeyError, TypeError) as exc:
@@ -136,6 +151,24 @@ class OpenAIStt:
             return
         with contextlib.suppress(RuntimeError):  # no loop runs: it went with the pool
             self._closing = asyncio.get_running_loop().create_task(self.aclose())
+
+
+class HostedStt(OpenAIStt):
+    """This service's own model process (``--workers``): it schedules by
+    priority, so speculative and partial work is sent as such and shed there
+    while finals wait, exactly as with a model in this process."""
+
+    name = "hosted"
+
+    def __init__(self, unix_socket: str, partial_interval_ms: int, timeout_s: float) -> None:
+        super().__init__("http://models/v1", None, "default", None, timeout_s, unix_socket)
+        self.default_partial_interval_ms = partial_interval_ms
+
+    async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
+        return await self._request(audio, "speculative")
+
+    async def transcribe_partial(self, audio: np.ndarray) -> str | None:
+        return await self._request(audio, "partial")
 
 
 def create(settings: Settings) -> OpenAIStt:

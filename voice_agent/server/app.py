@@ -39,6 +39,9 @@ SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
 # Set once shutdown begins (an Event: the app itself is frozen by then).
 SHUTTING_DOWN: web.AppKey[asyncio.Event] = web.AppKey("shutting_down", asyncio.Event)
 OFFER_LIMITS: web.AppKey[OfferRateLimiter] = web.AppKey("offer_limits", OfferRateLimiter)
+# "rtc" in one process; "rtc_w3" in media worker 3, so its parent can route
+# a call's requests to the worker that owns it.
+CALL_ID_PREFIX: web.AppKey[str] = web.AppKey("call_id_prefix", str)
 
 CALLS_PATH = "/v1/realtime/calls"
 RETRY_AFTER_S = "5"
@@ -156,21 +159,23 @@ async def _read_parts(request: web.Request, limit: int) -> tuple[bytes, dict[str
     return sdp, session
 
 
-async def create_call(request: web.Request) -> web.StreamResponse:
-    settings, engine, calls = request.app[SETTINGS], request.app[ENGINE], request.app[CALLS]
-    # Before anything is read or parsed: a flood costs one dict lookup per offer.
+def rate_limited(request: web.Request) -> web.Response | None:
+    """429 when this client address has offered too many calls lately.
+    Checked before anything is read or parsed: a flood costs one dict
+    lookup per offer."""
     wait_s = request.app[OFFER_LIMITS].take(request.remote or "unknown")
-    if wait_s is not None:
-        return error_response(
-            429,
-            "rate_limited",
-            f"more than {settings.offers_per_minute} offers a minute from this address",
-            {"Retry-After": retry_after(wait_s)},
-        )
-    try:
-        sdp, session_config = await read_offer(request, settings.max_offer_bytes)
-    except OfferError as exc:
-        return error_response(exc.status, exc.code, str(exc))
+    if wait_s is None:
+        return None
+    return error_response(
+        429,
+        "rate_limited",
+        f"more than {request.app[SETTINGS].offers_per_minute} offers a minute from this address",
+        {"Retry-After": retry_after(wait_s)},
+    )
+
+
+def not_serving(request: web.Request, engine: Engine) -> web.Response | None:
+    """503 while the models load, the LLM is down, or shutdown has begun."""
     if not engine.ready or engine.models is None:
         reason = engine.unready_reason or "models are still loading"
         code = "not_ready" if engine.models is None else "llm_unavailable"
@@ -179,6 +184,21 @@ async def create_call(request: web.Request) -> web.StreamResponse:
         return error_response(
             503, "shutting_down", "the server is shutting down", {"Retry-After": RETRY_AFTER_S}
         )
+    return None
+
+
+async def create_call(request: web.Request) -> web.StreamResponse:
+    settings, engine, calls = request.app[SETTINGS], request.app[ENGINE], request.app[CALLS]
+    if (refused := rate_limited(request)) is not None:
+        return refused
+    try:
+        sdp, session_config = await read_offer(request, settings.max_offer_bytes)
+    except OfferError as exc:
+        return error_response(exc.status, exc.code, str(exc))
+    if (refused := not_serving(request, engine)) is not None:
+        return refused
+    models = engine.models
+    assert models is not None  # not_serving refuses until they are loaded
     if not calls.reserve():
         calls.refused_full += 1
         return error_response(
@@ -190,9 +210,9 @@ async def create_call(request: web.Request) -> web.StreamResponse:
     call: Call | None = None
     try:
         call = Call(
-            new_id("rtc"),
+            new_id(request.app[CALL_ID_PREFIX]),
             settings,
-            engine.models,
+            models,
             engine.session_config(),
             engine.model_name,
             engine.voice_name,
@@ -338,29 +358,52 @@ async def index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
 
-def build_app(settings: Settings, engine: Engine) -> web.Application:
+def new_app(settings: Settings) -> web.Application:
+    """An application with the middleware, limits and state every server
+    process that faces clients has (one process, or the front of workers)."""
     # aiohttp's own body limit sits above ours so oversized offers get our 413.
     app = web.Application(
         middlewares=[cors_middleware(settings.cors_origins)],
         client_max_size=settings.max_offer_bytes * 2,
     )
     app[SETTINGS] = settings
-    restrict_host_addresses(settings.ice_host_addresses)
-    app[ENGINE] = engine
-    app[CALLS] = CallRegistry(settings.max_calls)
     app[OFFER_LIMITS] = OfferRateLimiter(settings.offers_per_minute)
     app[SHUTTING_DOWN] = asyncio.Event()
-    app.router.add_post(CALLS_PATH, create_call)
-    app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    return app
+
+
+def new_runner(app: web.Application) -> web.AppRunner:
+    """How every server of this service runs an application. A client that
+    goes away cancels its handler: the LLM proxy then ends the upstream
+    request at once (even before its first byte), a forwarded offer ends the
+    worker's handler, a speech request leaves the model's queue."""
+    return web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
+
+
+def add_shared_routes(app: web.Application, settings: Settings, engine: Engine) -> None:
+    """Health, the demo page, the SDK and the LLM proxy."""
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/v1/stats", stats)
     app.router.add_get("/", index)
     if settings.enable_llm_proxy:
         add_llm_proxy(app, lambda: engine.llm_config, settings.llm_proxy_max_body_bytes)
     if WEB_DIR.is_dir():
         app.router.add_static("/web/", WEB_DIR, show_index=False)
         add_sdk_routes(app, WEB_DIR)
+
+
+def build_app(settings: Settings, engine: Engine, call_id_prefix: str = "rtc") -> web.Application:
+    """The whole service in this process; with ``--workers`` each media
+    worker runs one of these behind the front (``server/front.py``)."""
+    app = new_app(settings)
+    restrict_host_addresses(settings.ice_host_addresses)
+    app[ENGINE] = engine
+    app[CALLS] = CallRegistry(settings.max_calls)
+    app[CALL_ID_PREFIX] = call_id_prefix
+    app.router.add_post(CALLS_PATH, create_call)
+    app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/stats", stats)
+    add_shared_routes(app, settings, engine)
 
     async def on_shutdown(app: web.Application) -> None:
         app[SHUTTING_DOWN].set()  # no new calls while the live ones are closed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from voice_agent.rtc.call import Call
 from voice_agent.rtc.outbound import PacingStats
@@ -21,6 +22,9 @@ class CallRegistry:
         self._ended = PacingStats()
         self.calls_total = 0
         self.refused_full = 0  # offers answered 503: over capacity
+        # Told ("started" | "ended", call id) as calls come and go: a media
+        # worker's parent keeps its own count and routing from these.
+        self.listeners: list[Callable[[str, str], None]] = []
 
     @property
     def load(self) -> float:
@@ -48,6 +52,8 @@ class CallRegistry:
         self._calls[call.id] = call
         self.calls_total += 1
         self._notify()
+        for listener in self.listeners:
+            listener("started", call.id)
 
     def get(self, call_id: str) -> Call | None:
         return self._calls.get(call_id)
@@ -55,6 +61,8 @@ class CallRegistry:
     def discard(self, call: Call) -> None:
         if self._calls.pop(call.id, None) is not None:
             self._ended.merge(call.output.stats)
+            for listener in self.listeners:
+                listener("ended", call.id)
         self._notify()
 
     def _notify(self) -> None:

@@ -1,0 +1,183 @@
+"""``voice-agent serve --workers 2``: one port, two media worker processes,
+the models shared in the parent. Real server processes, real aiortc callers,
+real models."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from bench.serving import start_server, wait_ready
+from tests.audio_data import librivox, reference, silence, word_error_rate
+from voice_agent.client import RealtimeClient
+
+pytestmark = pytest.mark.e2e
+
+CALLS = "/v1/realtime/calls"
+
+
+class WorkersServer:
+    def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
+        self.process = process
+        self.url = url
+
+    async def json(self, http: aiohttp.ClientSession, path: str) -> dict[str, Any]:
+        async with http.get(self.url + path) as response:
+            body: dict[str, Any] = await response.json()
+            return body
+
+
+@pytest_asyncio.fixture
+async def workers_server(http: aiohttp.ClientSession) -> AsyncIterator[WorkersServer]:
+    process, url = await start_server("--workers", "2", "--max-calls", "3")
+    server = WorkersServer(process, url)
+    try:
+        await wait_ready(http, url, timeout_s=240)
+        yield server
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                await process.wait()
+
+
+def location(client: RealtimeClient) -> str:
+    assert client.location is not None
+    return client.location
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+async def spoken_turn(
+    server: WorkersServer, http: aiohttp.ClientSession, clip: str
+) -> tuple[RealtimeClient, str, dict[str, Any], float | None]:
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    done = client.wait_for_type("response.done")
+    sent = await client.mic.play(np.concatenate((librivox(clip), silence(0.3))), 16000)
+    response = (await asyncio.wait_for(done, 90))["response"]
+    (heard,) = client.of_type("conversation.item.input_audio_transcription.completed")
+    return client, heard["transcript"], response, client.received.first_sound_after(sent)
+
+
+async def test_three_callers_over_two_workers_are_all_answered_and_routed_to_their_owner(
+    workers_server: WorkersServer, http: aiohttp.ClientSession
+) -> None:
+    server = workers_server
+    ready = await server.json(http, "/readyz")
+    assert [w["up"] for w in ready["workers"]] == [True, True]
+    clips = ["0930", "0880", "0890"]
+    results = await asyncio.gather(*(spoken_turn(server, http, clip) for clip in clips))
+    for clip, (_, transcript, response, first_sound) in zip(clips, results, strict=True):
+        assert word_error_rate(reference(clip), transcript) <= 0.2, (clip, transcript)
+        assert response["status"] == "completed", response.get("status_details")
+        assert response["output"][0]["content"][0]["transcript"].strip()
+        assert first_sound is not None, "no audible answer came back"
+
+    # The least-loaded worker took each call: both workers serve calls.
+    clients = [r[0] for r in results]
+    owners = sorted(location(c).split("/")[-1].split("_")[1] for c in clients)
+    assert owners in (["w0", "w0", "w1"], ["w0", "w1", "w1"])
+    stats = await server.json(http, "/v1/stats")
+    assert stats["calls"] == 3 and sorted(w["calls"] for w in stats["workers"]) == [1, 2]
+    # The models are the parent's: one STT worker saw every caller's turn
+    # (finals, or speculative transcripts at the pause; one final is the warm-up).
+    requests = stats["stt"]["requests"]
+    assert requests["final"] + requests["partial"] >= 1 + 3
+    assert len(stats["stt"]["sessions"]) == 3
+    assert stats["pacing"]["frames"] > 0
+
+    # Capacity counts every worker's calls: a fourth caller is refused up front.
+    extra = RealtimeClient(server.url)
+    with pytest.raises(RuntimeError, match="503"):
+        await extra.connect(http)
+    await extra.hangup()
+
+    # A DELETE reaches the worker that owns the call, wherever it is.
+    for client in clients:
+        async with http.delete(server.url + location(client)) as deleted:
+            assert deleted.status == 204
+        async with http.delete(server.url + location(client)) as deleted:
+            assert deleted.status == 404
+        await client.hangup()
+    async with asyncio.timeout(10):
+        while True:
+            if (await server.json(http, "/v1/stats"))["calls"] == 0:
+                break
+            await asyncio.sleep(0.1)  # the workers' call streams reach the front
+    async with http.delete(server.url + CALLS + "/rtc_w7_nosuchworker") as deleted:
+        assert deleted.status == 404
+
+
+async def test_a_worker_that_dies_is_restarted_and_the_other_workers_calls_go_on(
+    workers_server: WorkersServer, http: aiohttp.ClientSession
+) -> None:
+    server = workers_server
+    first = RealtimeClient(server.url)
+    await first.connect(http)
+    second = RealtimeClient(server.url)
+    await second.connect(http)
+    by_worker = {location(c).split("_")[1]: c for c in (first, second)}
+    assert set(by_worker) == {"w0", "w1"}
+    workers = (await server.json(http, "/readyz"))["workers"]
+    victim_pid = workers[0]["pid"]
+    os.kill(victim_pid, signal.SIGKILL)
+
+    # The other worker's caller still has a whole conversation turn.
+    survivor = by_worker["w1"]
+    done = survivor.wait_for_type("response.done")
+    await survivor.mic.play(np.concatenate((librivox("0930"), silence(0.3))), 16000)
+    assert (await asyncio.wait_for(done, 90))["response"]["status"] == "completed"
+
+    # The dead worker comes back (a new process), and takes calls again.
+    async with asyncio.timeout(60):
+        while True:
+            workers = (await server.json(http, "/readyz"))["workers"]
+            if workers[0]["up"] and workers[0]["pid"] != victim_pid:
+                break
+            await asyncio.sleep(0.2)  # another process restarting on its own backoff
+    assert workers[0]["restarts"] == 1 and not alive(victim_pid)
+    # Its call is gone with it: the front forgot it.
+    async with http.delete(server.url + location(by_worker["w0"])) as deleted:
+        assert deleted.status == 404
+    again = RealtimeClient(server.url)
+    await again.connect(http)
+    assert "_w0_" in location(again)
+    for client in (first, second, again):
+        await client.hangup(http)
+
+
+def descendants(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children] + [d for c in children for d in descendants(int(c))]
+
+
+async def test_sigterm_stops_the_front_every_worker_and_the_llm(
+    workers_server: WorkersServer, http: aiohttp.ClientSession
+) -> None:
+    server = workers_server
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    processes = descendants(server.process.pid)
+    assert len(processes) >= 3  # two workers and the embedded llama-server
+    server.process.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(30):
+        assert await server.process.wait() == 0
+    assert not [pid for pid in processes if alive(pid)]
+    await client.hangup()

@@ -1,0 +1,159 @@
+"""Remote text-to-speech over the OpenAI wire format.
+
+``POST {base_url}/audio/speech`` with ``response_format: "pcm"``: raw mono
+PCM16 back (24 kHz from OpenAI; the rate an ``X-Sample-Rate`` header names,
+when the server sends one). Served by OpenAI, Kokoro-FastAPI, vLLM-Omni and
+by this service's own model process (``--workers``), which also takes
+``priority: "urgent"`` for a reply's first piece. One pooled keep-alive
+session for every piece; cancelling a caller closes its connection, which
+ends the server's work on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+import aiohttp
+import numpy as np
+
+from voice_agent.backends.registry import BackendUnavailable
+from voice_agent.backends.samples import Samples
+from voice_agent.config import Settings
+
+OPENAI_PCM_RATE = 24_000
+DEFAULT_MODEL = "tts-1"
+DEFAULT_VOICE = "alloy"
+
+
+class RemoteTtsError(RuntimeError):
+    """The TTS server could not be reached or did not give audio."""
+
+
+class OpenAITts:
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        model: str,
+        voice: str,
+        timeout_s: float,
+        sample_rate: int = OPENAI_PCM_RATE,
+        unix_socket: str | None = None,
+        send_priority: bool = False,
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/audio/speech"
+        self.sample_rate = sample_rate
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._model = model
+        self._voice = voice
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._unix_socket = unix_socket
+        self._send_priority = send_priority
+        self._latency = Samples()
+        self._errors = 0
+        self._http: aiohttp.ClientSession | None = None  # created on the serving loop
+        self._closed = False
+        self._closing: asyncio.Task[None] | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RemoteTtsError(f"the TTS client for {self.url} is closed")
+        if self._http is None:
+            connector = aiohttp.UnixConnector(path=self._unix_socket) if self._unix_socket else None
+            self._http = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        return self._http
+
+    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
+        body: dict[str, object] = {
+            "model": self._model,
+            "input": text,
+            "voice": self._voice,
+            "response_format": "pcm",
+        }
+        if self._send_priority:
+            body["sample_rate"] = self.sample_rate
+            if urgent:
+                body["priority"] = "urgent"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with self._session().post(self.url, json=body, headers=self._headers) as response:
+                data = await response.read()
+                if response.status != 200:
+                    detail = data[:300].decode("utf-8", errors="replace")
+                    raise RemoteTtsError(
+                        f"TTS server {self.url} answered {response.status}: {detail}"
+                    )
+                rate = response.headers.get("X-Sample-Rate")
+        except aiohttp.ClientError as exc:
+            self._errors += 1
+            raise RemoteTtsError(f"cannot reach TTS server {self.url}: {exc}") from exc
+        except TimeoutError:
+            self._errors += 1
+            raise RemoteTtsError(
+                f"TTS server {self.url} gave no audio within {self._timeout.total} s"
+            ) from None
+        except RemoteTtsError:
+            self._errors += 1
+            raise
+        if rate is not None and rate != str(self.sample_rate):
+            self._errors += 1
+            raise RemoteTtsError(f"TTS server {self.url} sent {rate} Hz, not {self.sample_rate}")
+        self._latency.add(loop.time() - started)
+        return np.frombuffer(data[: len(data) - len(data) % 2], dtype="<i2").astype(np.int16)
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "backend": self.name,
+            "url": self.url,
+            "requests": self._latency.summary_ms(),
+            "errors": self._errors,
+        }
+
+    async def aclose(self) -> None:
+        self._closed = True
+        http, self._http = self._http, None
+        if http is not None:
+            await http.close()
+
+    def close(self) -> None:
+        """Synchronous callers: the pool is closed on the running loop."""
+        self._closed = True
+        if self._http is None:
+            return
+        with contextlib.suppress(RuntimeError):  # no loop runs: it went with the pool
+            self._closing = asyncio.get_running_loop().create_task(self.aclose())
+
+
+def create(settings: Settings) -> OpenAITts:
+    if not settings.tts_base_url:
+        raise BackendUnavailable(
+            "--tts openai needs --tts-base-url (e.g. https://api.openai.com/v1, or a "
+            "Kokoro-FastAPI or vLLM server's /v1)"
+        )
+    return OpenAITts(
+        settings.tts_base_url,
+        settings.tts_api_key or os.environ.get("OPENAI_API_KEY"),
+        settings.tts_model or DEFAULT_MODEL,
+        settings.tts_remote_voice or DEFAULT_VOICE,
+        settings.tts_timeout_s,
+        settings.tts_sample_rate,
+    )
+
+
+def hosted(unix_socket: str, sample_rate: int, timeout_s: float) -> OpenAITts:
+    """A client of this service's own model process (``--workers``)."""
+    return OpenAITts(
+        "http://models/v1",
+        None,
+        "default",
+        "default",
+        timeout_s,
+        sample_rate=sample_rate,
+        unix_socket=unix_socket,
+        send_priority=True,
+    )

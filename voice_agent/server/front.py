@@ -1,0 +1,276 @@
+"""The front of ``voice-agent serve --workers N``: one port for clients, N
+media worker processes behind it, the models in this process.
+
+This process owns what must be one per service: the port, admission (the
+capacity and the per-address offer limit count every worker's calls), the
+models (STT and TTS served to the workers on a private Unix socket by
+``server/speech_api.py``, the embedded LLM supervised as before), readiness
+and the aggregated stats. An offer is validated here, then forwarded to the
+least-loaded worker, which creates the peer connection: from then on media
+and data-channel events flow between the client and that worker directly,
+and only signaling (an offer, a DELETE) passes through here. A call's id
+names its worker, so its DELETE reaches the owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from voice_agent.backends.capabilities import ReportsStats
+from voice_agent.config import Settings
+from voice_agent.engine import Engine
+from voice_agent.server.app import (
+    CALLS_PATH,
+    OFFER_LIMITS,
+    RETRY_AFTER_S,
+    SETTINGS,
+    SHUTTING_DOWN,
+    OfferError,
+    add_shared_routes,
+    error_response,
+    new_app,
+    new_runner,
+    not_serving,
+    rate_limited,
+    read_offer,
+)
+from voice_agent.server.speech_api import add_speech_routes
+from voice_agent.server.worker_pool import Worker, WorkerPool
+
+log = logging.getLogger(__name__)
+
+FRONT_ENGINE: web.AppKey[Engine] = web.AppKey("front_engine", Engine)
+POOL: web.AppKey[WorkerPool] = web.AppKey("pool", WorkerPool)
+WORKER_STATS_TIMEOUT_S = 2.0
+# Headers of a worker's answer that mean something to the client.
+FORWARDED_HEADERS = ("Location", "Retry-After")
+
+
+def _unavailable(message: str) -> web.Response:
+    return error_response(503, "workers_unavailable", message, {"Retry-After": RETRY_AFTER_S})
+
+
+async def create_call(request: web.Request) -> web.StreamResponse:
+    settings, engine, pool = request.app[SETTINGS], request.app[FRONT_ENGINE], request.app[POOL]
+    if (refused := rate_limited(request)) is not None:
+        return refused
+    try:
+        # Bad offers are refused here, before any worker is involved.
+        sdp, session_config = await read_offer(request, settings.max_offer_bytes)
+    except OfferError as exc:
+        return error_response(exc.status, exc.code, str(exc))
+    if (refused := not_serving(request, engine)) is not None:
+        return refused
+    worker = pool.reserve()
+    if worker is None:
+        if pool.up == 0:
+            return _unavailable("no media worker is running (one is being restarted)")
+        pool.refused_full += 1
+        return error_response(
+            503,
+            "server_full",
+            f"all {pool.max_calls} call slots are busy",
+            {"Retry-After": RETRY_AFTER_S},
+        )
+    try:
+        return await _forward_offer(worker, sdp, session_config, request.remote)
+    finally:
+        worker.release()
+
+
+async def _forward_offer(
+    worker: Worker, sdp: str, session_config: dict[str, Any] | None, client: str | None
+) -> web.Response:
+    body: aiohttp.FormData | str
+    if session_config is None:
+        body, headers = sdp, {"Content-Type": "application/sdp"}
+    else:
+        body = aiohttp.FormData()
+        body.add_field("sdp", sdp, content_type="application/sdp")
+        body.add_field(
+            "session",
+            json.dumps(session_config, separators=(",", ":")),
+            content_type="application/json",
+        )
+        headers = {}
+    if client:
+        headers["X-Forwarded-For"] = client
+    if worker.http is None:
+        return _unavailable(f"media worker {worker.index} is restarting")
+    try:
+        # A client that goes away cancels this handler and so this request:
+        # the worker's handler is cancelled in turn and releases the call.
+        async with worker.http.post(
+            worker.base_url + CALLS_PATH, data=body, headers=headers
+        ) as answer:
+            return await _relay(answer)
+    except aiohttp.ClientError as exc:
+        log.warning("offer not delivered", extra={"worker": worker.index, "error": str(exc)})
+        return _unavailable(f"media worker {worker.index} did not answer")
+
+
+async def _relay(answer: aiohttp.ClientResponse) -> web.Response:
+    headers = {name: answer.headers[name] for name in FORWARDED_HEADERS if name in answer.headers}
+    return web.Response(
+        status=answer.status,
+        body=await answer.read(),
+        content_type=answer.content_type,
+        headers=headers,
+    )
+
+
+async def delete_call(request: web.Request) -> web.StreamResponse:
+    call_id = request.match_info["call_id"]
+    worker = request.app[POOL].owner(call_id)
+    if worker is None or worker.http is None:
+        return error_response(404, "call_not_found", "no such call")
+    try:
+        async with worker.http.delete(f"{worker.base_url}{CALLS_PATH}/{call_id}") as answer:
+            return await _relay(answer)
+    except aiohttp.ClientError:
+        return error_response(404, "call_not_found", "no such call (its worker is gone)")
+
+
+def _capacity(pool: WorkerPool) -> dict[str, Any]:
+    return {
+        "calls": pool.calls,
+        "max_calls": pool.max_calls,
+        "load": round(pool.load, 3),
+        "workers": [w.status() for w in pool.workers],
+    }
+
+
+async def readyz(request: web.Request) -> web.StreamResponse:
+    """Ready when a call would be served: models loaded, the LLM able to
+    answer, a media worker up, a slot free."""
+    engine, pool = request.app[FRONT_ENGINE], request.app[POOL]
+    body: dict[str, Any] = {"ready": engine.ready, **_capacity(pool), "llm": engine.llm_health()}
+    unready = {"Retry-After": RETRY_AFTER_S}
+    if not engine.ready:
+        status = "loading" if engine.models is None else "llm_unavailable"
+        body.update(status=status, reason=engine.unready_reason)
+        return web.json_response(body, status=503, headers=unready)
+    if pool.up == 0:
+        body.update(status="workers_unavailable", reason="no media worker is running")
+        return web.json_response(body, status=503, headers=unready)
+    if pool.full:
+        return web.json_response({**body, "status": "full"}, status=503, headers=unready)
+    return web.json_response({**body, "status": "ready"})
+
+
+async def _worker_stats(worker: Worker) -> dict[str, Any] | None:
+    if not worker.up or worker.http is None:
+        return None
+    try:
+        async with asyncio.timeout(WORKER_STATS_TIMEOUT_S):
+            async with worker.http.get(worker.base_url + "/v1/stats") as answer:
+                body: dict[str, Any] = await answer.json()
+                return body
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+def merge_pacing(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    counters = ("frames", "audio_frames", "late_over_20ms", "resyncs")
+    merged: dict[str, Any] = {key: sum(p.get(key, 0) for p in parts) for key in counters}
+    merged["max_late_ms"] = max((p.get("max_late_ms", 0.0) for p in parts), default=0.0)
+    return merged
+
+
+async def stats(request: web.Request) -> web.StreamResponse:
+    """The same counters as one process serves, summed over the workers,
+    plus each worker's own line."""
+    engine, pool = request.app[FRONT_ENGINE], request.app[POOL]
+    per_worker = await asyncio.gather(*(_worker_stats(w) for w in pool.workers))
+    answered = [s for s in per_worker if s is not None]
+    stt = engine.models.stt if engine.models is not None else None
+    stt_body: dict[str, Any] = dict(stt.stats()) if isinstance(stt, ReportsStats) else {}
+    stt_body["sessions"] = [s for w in answered for s in w.get("stt", {}).get("sessions", [])]
+    body = {
+        **_capacity(pool),
+        "calls_total": sum(w.get("calls_total", 0) for w in answered),
+        "refused_full": pool.refused_full,
+        "refused_rate_limited": request.app[OFFER_LIMITS].refused,
+        "pacing": merge_pacing([w.get("pacing", {}) for w in answered]),
+        "stt": stt_body,
+        "llm": engine.llm_health(),
+    }
+    for status, worker_stats in zip(body["workers"], per_worker, strict=True):
+        if worker_stats is not None:
+            status["pacing"] = worker_stats.get("pacing")
+            if "loop" in worker_stats:
+                status["loop"] = worker_stats["loop"]
+    return web.json_response(body)
+
+
+def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web.Application:
+    app = new_app(settings)
+    app[FRONT_ENGINE] = engine
+    app[POOL] = pool
+    app.router.add_post(CALLS_PATH, create_call)
+    app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/stats", stats)
+    add_shared_routes(app, settings, engine)
+
+    async def on_shutdown(app: web.Application) -> None:
+        app[SHUTTING_DOWN].set()  # no new calls while the workers close theirs
+
+    app.on_shutdown.append(on_shutdown)
+    return app
+
+
+class FrontServer:
+    """Start-up and shutdown of the front, the speech socket and the pool,
+    in order: the port answers /healthz at once; the models load; the
+    speech socket opens; the workers start; then calls are taken. Shutdown
+    runs the other way round."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.engine = Engine(settings)
+        self._runtime_dir = Path(tempfile.mkdtemp(prefix="voice-agent-"))  # mode 0700
+        self.speech_socket = str(self._runtime_dir / "speech.sock")
+        self.pool = WorkerPool(settings, self._runtime_dir, settings.workers)
+        self._runners: list[web.AppRunner] = []
+
+    async def listen(self) -> None:
+        """Bind the client port (readiness is 503 until start() is done)."""
+        app = build_front_app(self.settings, self.engine, self.pool)
+        runner = new_runner(app)
+        await runner.setup()
+        await web.TCPSite(runner, self.settings.host, self.settings.port).start()
+        self._runners.append(runner)
+
+    async def start(self) -> None:
+        await self.engine.start()
+        assert self.engine.models is not None
+        speech = web.Application(client_max_size=32 * 1024 * 1024)
+        add_speech_routes(speech, self.engine.models.stt, self.engine.models.tts)
+        runner = new_runner(speech)
+        await runner.setup()
+        await web.UnixSite(runner, self.speech_socket).start()
+        self._runners.insert(0, runner)  # closed after the front and the workers
+        await self.pool.start(self.engine.links_for_workers(self.speech_socket))
+        log.info("media workers ready", extra={"workers": self.settings.workers})
+
+    async def stop(self) -> None:
+        front = self._runners[-1] if self._runners else None
+        if front is not None:
+            await front.shutdown()  # SHUTTING_DOWN: no new offers
+        await self.pool.stop()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        await self.engine.stop()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self._runtime_dir)

@@ -1,0 +1,132 @@
+"""One media worker process (``voice-agent serve --workers N``).
+
+It runs the ordinary single-process application (``server/app.py``: calls,
+peer connections, sessions) on a private Unix socket behind the front,
+without model weights: STT and TTS are its parent's, reached over the
+parent's speech socket, and the LLM is the parent's endpoint. So media and
+session work (aiortc's per-packet Python, turn detection, protocol) spreads
+over N processes and N cores, while each model is loaded once and batches
+across every worker's calls.
+
+The parent writes one JSON line on stdin (settings, links, socket path,
+index) and keeps stdin open: end of file means the parent is gone, and the
+worker closes its calls and exits. It answers ``ready`` on stdout once it
+listens. ``GET /internal/calls/events`` streams its calls as they start and
+end (NDJSON), which is how the parent counts and routes calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from voice_agent.config import Settings
+from voice_agent.engine import Engine, SharedModelLinks
+from voice_agent.server.app import CALLS, build_app, new_runner
+
+log = logging.getLogger("voice_agent.server.worker")  # run as __main__
+
+EVENTS_PATH = "/internal/calls/events"
+# Call starts and ends, not frames: a parent this far behind has lost track,
+# so the stream ends and the parent subscribes again for a fresh snapshot.
+MAX_PENDING_EVENTS = 1024
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    index: int
+    socket: str
+    settings: dict[str, Any]
+    links: dict[str, Any]
+
+    def call_id_prefix(self) -> str:
+        return f"rtc_w{self.index}"
+
+
+async def call_events(request: web.Request) -> web.StreamResponse:
+    """This worker's live calls, then each start and end, one JSON per line."""
+    calls = request.app[CALLS]
+    pending: asyncio.Queue[str | None] = asyncio.Queue(MAX_PENDING_EVENTS)
+
+    def listener(kind: str, call_id: str) -> None:
+        try:
+            pending.put_nowait(json.dumps({kind: call_id}) + "\n")
+        except asyncio.QueueFull:
+            with contextlib.suppress(asyncio.QueueFull):
+                pending.get_nowait()
+                pending.put_nowait(None)  # ends the stream: the parent resubscribes
+
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    calls.listeners.append(listener)
+    try:
+        await response.write((json.dumps({"live": [c.id for c in calls.calls()]}) + "\n").encode())
+        while (line := await pending.get()) is not None:
+            await response.write(line.encode())
+    finally:
+        calls.listeners.remove(listener)
+    return response
+
+
+async def run_worker(config: WorkerConfig, parent_gone: asyncio.Future[None]) -> None:
+    settings = Settings(**config.settings)
+    engine = Engine(settings, SharedModelLinks(**config.links))
+    app = build_app(settings, engine, config.call_id_prefix())
+    app.router.add_get(EVENTS_PATH, call_events)
+    runner = new_runner(app)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # Ctrl-C reaches the whole process group: the parent orders the shutdown.
+    loop.add_signal_handler(signal.SIGINT, lambda: None)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    parent_gone.add_done_callback(lambda _: stop.set())
+    try:
+        await engine.start()
+        await web.UnixSite(runner, config.socket).start()
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+        log.info("worker listening", extra={"worker": config.index, "socket": config.socket})
+        await stop.wait()
+    finally:
+        await runner.cleanup()  # closes this worker's calls
+        await engine.stop()
+
+
+async def main_async() -> None:
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    config = WorkerConfig(**json.loads(await stdin.readline()))
+    from voice_agent.logs import configure
+
+    settings = config.settings
+    configure(settings.get("log_level", "INFO"), settings.get("log_format", "json"))
+    parent_gone: asyncio.Future[None] = loop.create_future()
+
+    def gone(_: object) -> None:
+        if not parent_gone.done():
+            parent_gone.set_result(None)
+
+    watch = asyncio.create_task(stdin.read())  # returns at end of file
+    watch.add_done_callback(gone)
+    try:
+        await run_worker(config, parent_gone)
+    finally:
+        watch.cancel()
+
+
+def main() -> None:
+    asyncio.run(main_async())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""The media worker processes behind the front (``--workers N``): starting
+them, restarting one that dies, counting each one's calls, and finding the
+worker that owns a call.
+
+A call's id names its worker (``rtc_w3_...``), so a DELETE reaches the
+owner without a lookup table. Each worker streams its calls' starts and
+ends (``server/worker.py``), so the pool's counts follow the truth without
+polling; offers in flight are counted as reservations until answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Coroutine
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from voice_agent.config import Settings
+from voice_agent.engine import SharedModelLinks
+from voice_agent.server.worker import EVENTS_PATH, WorkerConfig
+
+log = logging.getLogger(__name__)
+
+WORKER_ID = re.compile(r"^rtc_w(\d+)_")
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+RESTART_BACKOFF_S = (1.0, 30.0)  # first wait, then doubling up to this
+
+
+class WorkerStartError(RuntimeError):
+    """A worker process did not come up."""
+
+
+@dataclass
+class Worker:
+    index: int
+    socket: str
+    process: asyncio.subprocess.Process | None = None
+    http: aiohttp.ClientSession | None = None
+    live: set[str] = field(default_factory=set)
+    reserved: int = 0
+    up: bool = False
+    restarts: int = 0
+    base_url: str = "http://worker"
+
+    @property
+    def load(self) -> int:
+        return len(self.live) + self.reserved
+
+    def release(self) -> None:
+        """An offer sent here has been answered (its call, if any, is live)."""
+        self.reserved = max(0, self.reserved - 1)  # zeroed already if it died meanwhile
+
+    def status(self) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "up": self.up,
+            "pid": self.process.pid if self.process else None,
+            "calls": len(self.live),
+            "restarts": self.restarts,
+        }
+
+
+class WorkerPool:
+    def __init__(self, settings: Settings, runtime_dir: Path, count: int) -> None:
+        self.settings = settings
+        self.max_calls = settings.max_calls
+        self._links: SharedModelLinks | None = None  # known once the models are loaded
+        self.workers = [Worker(i, str(runtime_dir / f"worker-{i}.sock")) for i in range(count)]
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self.refused_full = 0
+
+    # -- capacity and routing ------------------------------------------------
+    @property
+    def calls(self) -> int:
+        return sum(len(w.live) for w in self.workers)
+
+    @property
+    def load(self) -> float:
+        return sum(w.load for w in self.workers) / self.max_calls
+
+    @property
+    def full(self) -> bool:
+        return sum(w.load for w in self.workers) >= self.max_calls
+
+    @property
+    def up(self) -> int:
+        return sum(w.up for w in self.workers)
+
+    def reserve(self) -> Worker | None:
+        """The least-loaded worker that is up, with a slot claimed on it;
+        None when the service is full or no worker is up."""
+        candidates = [w for w in self.workers if w.up]
+        if self.full or not candidates:
+            return None
+        chosen = min(candidates, key=lambda w: w.load)
+        chosen.reserved += 1
+        return chosen
+
+    def owner(self, call_id: str) -> Worker | None:
+        match = WORKER_ID.match(call_id)
+        if match is None or int(match.group(1)) >= len(self.workers):
+            return None
+        worker = self.workers[int(match.group(1))]
+        return worker if worker.up else None
+
+    # -- processes ------------------------------------------------------------
+    async def start(self, links: SharedModelLinks) -> None:
+        """Start every worker; fails if any does not come up."""
+        self._links = links
+        await asyncio.gather(*(self._launch(w) for w in self.workers))
+        for worker in self.workers:
+            self._spawn(self._supervise(worker), f"worker-{worker.index}-supervisor")
+
+    def _config(self, worker: Worker) -> str:
+        # Admission and rate limits are the front's; a worker takes what it is sent.
+        assert self._links is not None
+        settings = self.settings.model_copy(update={"offers_per_minute": 0, "workers": 1})
+        config = WorkerConfig(
+            index=worker.index,
+            socket=worker.socket,
+            settings=settings.model_dump(mode="json"),
+            links=asdict(self._links),
+        )
+        return json.dumps(asdict(config)) + "\n"
+
+    async def _launch(self, worker: Worker) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(worker.socket)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "voice_agent.server.worker",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        worker.process = process
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(self._config(worker).encode())
+        await process.stdin.drain()  # stdin stays open: its end tells the worker we are gone
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                line = await process.stdout.readline()
+        except TimeoutError:
+            line = b""
+        if line.strip() != b"ready":
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            code = await process.wait()
+            raise WorkerStartError(f"media worker {worker.index} did not start (exit code {code})")
+        worker.http = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=worker.socket),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+        )
+        worker.up = True
+        self._spawn(self._follow_calls(worker, process), f"worker-{worker.index}-calls")
+        log.info("media worker up", extra={"worker": worker.index, "pid": process.pid})
+
+    async def _follow_calls(self, worker: Worker, process: asyncio.subprocess.Process) -> None:
+        """Keep ``worker.live`` equal to the worker's calls, from its stream."""
+        while worker.process is process and process.returncode is None and worker.http:
+            try:
+                async with worker.http.get(worker.base_url + EVENTS_PATH) as response:
+                    async for raw in response.content:
+                        event = json.loads(raw)
+                        if "live" in event:
+                            worker.live = set(event["live"])
+                        elif "started" in event:
+                            worker.live.add(event["started"])
+                        elif "ended" in event:
+                            worker.live.discard(event["ended"])
+            except (aiohttp.ClientError, ValueError) as exc:
+                if process.returncode is None and not self._stopping:
+                    log.warning(
+                        "lost a worker's call stream",
+                        extra={"worker": worker.index, "error": str(exc)},
+                    )
+            if self._stopping:
+                return
+            # The stream ended: the worker exited (the supervisor takes over)
+            # or fell behind (subscribe again; the first line is a snapshot).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await process.wait()
+
+    async def _supervise(self, worker: Worker) -> None:
+        """Restart a worker that exits while the service runs. Its calls are
+        gone with it; the other workers' calls are not affected."""
+        backoff = RESTART_BACKOFF_S[0]
+        while not self._stopping:
+            process = worker.process
+            assert process is not None
+            code = await process.wait()
+            worker.up = False
+            worker.live.clear()
+            worker.reserved = 0
+            if self._stopping:
+                return
+            log.error(
+                "media worker died; restarting",
+                extra={"worker": worker.index, "exit_code": code, "backoff_s": backoff},
+            )
+            await self._close_http(worker)
+            while not self._stopping:
+                await asyncio.sleep(backoff)  # restart backoff, not a poll
+                try:
+                    await self._launch(worker)
+                    worker.restarts += 1
+                    backoff = RESTART_BACKOFF_S[0]
+                    break
+                except (WorkerStartError, OSError) as exc:
+                    log.error("media worker restart failed", extra={"error": str(exc)})
+                    backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
+
+    async def stop(self) -> None:
+        """End every worker (each closes its calls first) and wait for it."""
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*(self._stop_worker(w) for w in self.workers))
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _stop_worker(self, worker: Worker) -> None:
+        worker.up = False
+        process = worker.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await process.wait()
+            except TimeoutError:
+                log.warning("media worker did not stop; killing it", extra={"w": worker.index})
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        if process is not None and process.stdin is not None:
+            process.stdin.close()
+        await self._close_http(worker)
+
+    async def _close_http(self, worker: Worker) -> None:
+        http, worker.http = worker.http, None
+        if http is not None:
+            await http.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
