@@ -10,7 +10,7 @@ import av
 import numpy as np
 import pytest
 
-from voice_agent.rtc.outbound import FRAME_SAMPLES, PacedAudioTrack
+from voice_agent.rtc.outbound import DTX_HANGOVER_FRAMES, FRAME_SAMPLES, PacedAudioTrack
 
 
 def tone(frames: int, value: int = 1000) -> np.ndarray:
@@ -126,4 +126,50 @@ async def test_partial_tail_is_padded_and_reported_by_tag() -> None:
     assert [await next_level(track) for _ in range(3)] == [500, 500, 0]
     assert seen == ["reply-1", "reply-1"]
     await asyncio.wait_for(track.drain(), 0.1)
+    track.stop()
+
+
+async def test_dtx_sends_one_silence_packet_per_400_ms_stamped_with_wall_clock_time() -> None:
+    """Silence on a real clock: 1 s of idle track is 3 packets, not 50, and
+    each packet's timestamp is the time it leaves (so a receiver sees a
+    gap, not a slowed-down stream)."""
+    track = PacedAudioTrack(dtx=True)
+    started = time.monotonic()
+    sent = []
+    while time.monotonic() - started < 1.0:
+        samples, pts = await track.next_frame()
+        assert samples is None
+        sent.append((time.monotonic() - started, pts))
+    assert len(sent) == 4  # at 0, 0.4, 0.8 and 1.2 s
+    for (at, pts), expected in zip(sent, (0.0, 0.4, 0.8, 1.2), strict=True):
+        assert at == pytest.approx(expected, abs=0.03)
+        assert pts == round(expected * 50) * FRAME_SAMPLES
+    assert track.stats.frames == 4
+    track.stop()
+
+
+async def test_dtx_audio_written_while_idle_leaves_at_once_in_the_slot_of_its_time() -> None:
+    track = PacedAudioTrack(dtx=True)
+    await track.next_frame()  # the clock starts; the next packet would be at 400 ms
+    receiving = asyncio.create_task(track.next_frame())
+    await asyncio.sleep(0.13)
+    written = time.monotonic()
+    await track.write(tone(3, 700))
+    samples, pts = await receiving
+    assert samples is not None and int(np.abs(samples).max()) == 700
+    assert time.monotonic() - written < 0.010
+    assert pts in (6 * FRAME_SAMPLES, 7 * FRAME_SAMPLES)  # 130 ms after the start
+    # Then the reply plays on the 20 ms schedule, then a hangover of silence
+    # on the same schedule (so a receiver holding packets back releases the
+    # reply's end at once), and then the stream goes quiet again.
+    levels, stamps = [], []
+    for _ in range(2 + DTX_HANGOVER_FRAMES + 1):
+        frame, stamp = await track.next_frame()
+        levels.append(0 if frame is None else int(np.abs(frame).max()))
+        stamps.append(stamp)
+    assert levels == [700, 700] + [0] * (DTX_HANGOVER_FRAMES + 1)
+    slots = [stamp // FRAME_SAMPLES for stamp in stamps]
+    scheduled = 2 + DTX_HANGOVER_FRAMES
+    assert slots[:scheduled] == list(range(slots[0], slots[0] + scheduled))
+    assert slots[-1] % 20 == 0 and slots[-1] > slots[-2] + 1  # the next keepalive
     track.stop()

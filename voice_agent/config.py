@@ -285,6 +285,11 @@ class Settings(BaseSettings):
     output_buffer_ms: int = Field(
         200, ge=40, le=2000, description="Outbound audio buffered ahead of the wire."
     )
+    output_dtx: bool = Field(
+        True,
+        description="Between replies send one silence packet every 400 ms (discontinuous "
+        "transmission, as Opus DTX) instead of one every 20 ms: an idle call costs less.",
+    )
 
     # --- operations ----------------------------------------------------
     log_level: str = Field("INFO", description="Logging level.")

@@ -77,7 +77,7 @@ class Call:
         self.settings = settings
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(ice_configuration(settings))
-        self.output = PacedAudioTrack(buffer_ms=settings.output_buffer_ms)
+        self.output = PacedAudioTrack(buffer_ms=settings.output_buffer_ms, dtx=settings.output_dtx)
         self.session = VoiceSession(models, session_config, self.output, self._on_session_event)
         self.output.on_audio_frame = self.session.frame_sent
         self.protocol = RealtimeProtocol(

@@ -9,6 +9,14 @@ track sends silence, so the receiver's jitter buffer never underruns.
 Writers go through a small bounded buffer and wait when it is full
 (backpressure), so TTS can run ahead by at most ``buffer_ms``. ``flush()``
 drops everything buffered: the very next frame on the wire is silence.
+
+With ``dtx`` (discontinuous transmission, as Opus DTX does) the silence
+between replies is one packet every 400 ms instead of one every 20 ms. An
+idle call is most of a call's life, and each packet costs aiortc's sender
+its Python work (RTP, SRTP, a datagram). Timestamps keep counting wall-clock
+time and sequence numbers stay contiguous, so a receiver's jitter buffer
+sees a silence gap, not loss, and the first frame of a reply still leaves
+the moment it is written.
 """
 
 from __future__ import annotations
@@ -33,6 +41,14 @@ FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000
 # Past this much lateness (a suspended process, a debugger) the clock restarts
 # instead of bursting out seconds of catch-up audio.
 RESYNC_AFTER_S = 0.5
+# With DTX, one silence packet per this many slots (400 ms, Opus DTX's
+# rhythm): keeps NAT bindings and the receiver's idea of the stream alive.
+DTX_KEEPALIVE_FRAMES = 20
+# After audio, this many silence packets go out on the 20 ms schedule before
+# DTX begins (Opus DTX's hangover): a receiver that holds a few packets back
+# (aiortc's jitter buffer releases a frame once 4 more have arrived) plays
+# the end of a reply at once, not one keepalive later each.
+DTX_HANGOVER_FRAMES = 8
 
 
 @dataclass
@@ -77,9 +93,12 @@ class PacedAudioTrack(MediaStreamTrack):
         self,
         buffer_ms: int = 200,
         clock: Callable[[], float] = time.monotonic,
+        dtx: bool = False,
     ) -> None:
         super().__init__()
         self._clock = clock
+        self._dtx = dtx
+        self._silent_slots = DTX_HANGOVER_FRAMES  # silence sent since the last audio
         self._capacity = max(2, buffer_ms // FRAME_MS)
         self._frames: deque[tuple[np.ndarray, Any]] = deque()
         self._pending = np.zeros(0, dtype=np.int16)
@@ -164,6 +183,8 @@ class PacedAudioTrack(MediaStreamTrack):
         now = self._clock()
         if self._start is None:
             self._start = now
+        if self._dtx and not self._frames and self._silent_slots >= DTX_HANGOVER_FRAMES:
+            now = await self._skip_silence(now)
         due = self._start + self._index * FRAME_MS / 1000.0
         if due > now:
             # While idle, audio arriving mid-slot goes out at once and the
@@ -188,13 +209,36 @@ class PacedAudioTrack(MediaStreamTrack):
             if not self._frames and not self._pending.size:
                 self._drained.set()
             self.stats.audio_frames += 1
+            self._silent_slots = 0
             if self.on_audio_frame is not None:
                 self.on_audio_frame(tag)
         else:
             samples = None
+            self._silent_slots += 1
         pts = self._index * FRAME_SAMPLES
         self._index += 1
         return samples, pts
+
+    async def _skip_silence(self, now: float) -> float:
+        """Nothing to send: sleep to the next keepalive slot, or until audio
+        is written. The slots slept through are never sent, but they count:
+        the next packet's timestamp is the wall-clock time it leaves at."""
+        assert self._start is not None
+        slot_s = FRAME_MS / 1000.0
+        keepalive = -(-self._index // DTX_KEEPALIVE_FRAMES) * DTX_KEEPALIVE_FRAMES
+        due = self._start + keepalive * slot_s
+        if due <= now:
+            return now
+        woken = await self._sleep(due - now, interruptible=True)
+        now = self._clock()
+        if not woken:
+            self._index = keepalive
+            return now
+        # Audio arrived: it leaves now, in the slot that now falls in, and the
+        # schedule re-anchors on it (a shift of under one frame).
+        self._index = max(self._index, int((now - self._start) / slot_s))
+        self._start = now - self._index * slot_s
+        return now
 
     async def _sleep(self, delay: float, interruptible: bool) -> bool:
         """Sleep ``delay`` seconds; True when new audio cut the sleep short."""

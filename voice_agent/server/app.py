@@ -23,6 +23,7 @@ from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import ClientEventError
+from voice_agent.rtc import decoder_hop
 from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.limits import OfferRateLimiter, retry_after
@@ -396,6 +397,7 @@ def build_app(settings: Settings, engine: Engine, call_id_prefix: str = "rtc") -
     worker runs one of these behind the front (``server/front.py``)."""
     app = new_app(settings)
     restrict_host_addresses(settings.ice_host_addresses)
+    decoder_hop.install()
     app[ENGINE] = engine
     app[CALLS] = CallRegistry(settings.max_calls)
     app[CALL_ID_PREFIX] = call_id_prefix
