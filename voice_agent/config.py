@@ -228,8 +228,19 @@ class Settings(BaseSettings):
     llama_batch_threads: int | None = Field(
         None, ge=1, description="Embedded llama.cpp prompt threads (default: --llama-threads)."
     )
-    llama_nice: int = Field(
-        0, ge=0, le=19, description="Scheduling niceness added to the embedded llama.cpp server."
+    llama_nice: int | None = Field(
+        None,
+        ge=0,
+        le=19,
+        description="Scheduling niceness added to the embedded llama.cpp server "
+        "(default: --inference-nice).",
+    )
+    llama_poll: int = Field(
+        50,
+        ge=0,
+        le=100,
+        description="Embedded llama.cpp threads' busy-polling level while waiting for work "
+        "(0 = sleep; llama.cpp's default 50).",
     )
     llama_ctx: int = Field(
         2048, ge=256, description="Embedded llama.cpp context per slot (the pool is slots x this)."
@@ -289,6 +300,14 @@ class Settings(BaseSettings):
         True,
         description="Between replies send one silence packet every 400 ms (discontinuous "
         "transmission, as Opus DTX) instead of one every 20 ms: an idle call costs less.",
+    )
+
+    inference_nice: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="Niceness added to model inference threads (STT, TTS, and the embedded "
+        "LLM unless --llama-nice): the media path and signaling preempt inference.",
     )
 
     # --- operations ----------------------------------------------------

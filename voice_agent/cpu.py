@@ -7,9 +7,17 @@ cores of a 64-core host sizes itself for 2.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Calls one core carries, measured with bench/load.py on the embedded
 # models: on 2 cores, 5 callers complete every turn with 0-59 of ~15,000
@@ -50,3 +58,58 @@ def default_threads(cap: int) -> int:
     """Threads for one model's inference: every core up to ``cap`` (small
     models stop scaling past a few threads; more only contend)."""
     return max(1, min(available_cores(), cap))
+
+
+# Niceness added to model inference threads (process-wide, set once at
+# start-up). On Linux niceness is per thread and inherited by the threads a
+# thread creates, so a model loaded in a niced thread computes in niced
+# threads: the event loop (media pacing, signaling) preempts inference.
+_inference_nice = 0
+
+
+def set_inference_nice(nice: int) -> None:
+    global _inference_nice
+    _inference_nice = nice
+
+
+def lower_this_thread() -> None:
+    """Give the calling thread the inference niceness (a thread pool's initializer)."""
+    if _inference_nice <= 0:
+        return
+    try:
+        # Linux: PRIO_PROCESS with a thread id changes that thread only. The
+        # target is relative to the main thread's, and never lowered again
+        # for a thread that inherited it already.
+        tid = threading.get_native_id()
+        target = os.getpriority(os.PRIO_PROCESS, os.getpid()) + _inference_nice
+        if os.getpriority(os.PRIO_PROCESS, tid) < target:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, target))
+    except OSError as exc:  # a sandbox may refuse it; inference still works
+        log.warning("cannot lower inference thread priority: %s", exc)
+
+
+async def run_in_inference_thread(func: Callable[..., T], *args: object) -> T:
+    """``func(*args)`` in a new thread at the inference niceness: a model
+    loaded here creates its compute threads niced too."""
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future[T] = loop.create_future()
+
+    def deliver(value: T | None, error: BaseException | None) -> None:
+        if result.done():
+            return
+        if error is not None:
+            result.set_exception(error)
+        else:
+            result.set_result(value)  # type: ignore[arg-type]
+
+    def run() -> None:
+        lower_this_thread()
+        try:
+            value = func(*args)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(deliver, None, exc)
+        else:
+            loop.call_soon_threadsafe(deliver, value, None)
+
+    threading.Thread(target=run, name="model-load").start()
+    return await result

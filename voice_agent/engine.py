@@ -34,6 +34,7 @@ from voice_agent.backends.llm_responses import OpenAIResponsesLlm
 from voice_agent.backends.stt_openai import HostedStt
 from voice_agent.backends.tts_openai import hosted as hosted_tts
 from voice_agent.config import Settings
+from voice_agent.cpu import run_in_inference_thread, set_inference_nice
 from voice_agent.session.response import ReplySettings
 from voice_agent.session.session import Models, SessionConfig
 from voice_agent.session.tools import ToolRegistry
@@ -102,6 +103,7 @@ class Engine:
         if s.tools is not None:
             self.tools = ToolRegistry.from_module(s.tools, s.tool_timeout_s)
             log.info("tools loaded", extra={"tools": [t.name for t in self.tools.specs]})
+        set_inference_nice(s.inference_nice)
         # Loading is blocking work: keep the event loop (and /healthz) responsive.
         vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
         if self.links is not None:
@@ -109,8 +111,9 @@ class Engine:
             self._started = True
             log.info("worker engine ready", extra={"speech": self.links.speech_socket})
             return
-        stt: SttBackend = await asyncio.to_thread(registry.create, "stt", s.stt, s)
-        tts: TtsBackend = await asyncio.to_thread(registry.create, "tts", s.tts, s)
+        # In niced threads: the compute threads a model creates inherit it.
+        stt: SttBackend = await run_in_inference_thread(registry.create, "stt", s.stt, s)
+        tts: TtsBackend = await run_in_inference_thread(registry.create, "tts", s.tts, s)
         llm = await self.start_llm()
         self.models = Models(vad=vad, stt=stt, tts=tts, llm=llm)
         if s.preload:
@@ -170,7 +173,8 @@ class Engine:
                 s.llama_threads,
                 s.llama_ctx,
                 batch_threads=s.llama_batch_threads,
-                nice=s.llama_nice,
+                nice=s.inference_nice if s.llama_nice is None else s.llama_nice,
+                poll=s.llama_poll,
                 command=shlex.split(s.llama_server_command) if s.llama_server_command else None,
                 binary=Path(s.llama_server_binary) if s.llama_server_binary else None,
                 parallel=s.llama_parallel,

@@ -12,6 +12,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from voice_agent.cpu import lower_this_thread
+
 T = TypeVar("T")
 
 
@@ -125,7 +127,9 @@ class InferenceWorker:
     queued never starts."""
 
     def __init__(self, name: str) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=lower_this_thread
+        )
 
     async def run(self, func: Callable[..., T], *args: object) -> T:
         loop = asyncio.get_running_loop()
@@ -143,7 +147,9 @@ class PriorityInferenceWorker:
     never starts."""
 
     def __init__(self, name: str) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=lower_this_thread
+        )
         self._urgent: deque[_Job[Any]] = deque()
         self._normal: deque[_Job[Any]] = deque()
         self._busy = False

@@ -107,6 +107,7 @@ class EmbeddedLlamaServer:
         start_timeout_s: float = 120.0,
         batch_threads: int | None = None,
         nice: int = 0,
+        poll: int = 50,
         command: list[str] | None = None,
         probe_timeout_s: float = 60.0,
         restart_backoff_s: float = 1.0,
@@ -128,6 +129,7 @@ class EmbeddedLlamaServer:
         self.threads = threads
         self.batch_threads = batch_threads or threads
         self.nice = nice
+        self.poll = poll
         self.ctx = ctx
         self.host = host
         self.port = 0
@@ -236,6 +238,11 @@ class EmbeddedLlamaServer:
             # first-token time swing by 10x.
             "--threads-batch",
             str(self.batch_threads),
+            # How hard ggml's threads spin between operations instead of
+            # sleeping: spinning saves wake-ups on an idle machine and burns
+            # the cores STT, TTS and the media path need on a busy one.
+            "--poll",
+            str(self.poll),
             "--no-webui",
             "--metrics",
             # Trace level prints the build's CPU features (system_info), and a
