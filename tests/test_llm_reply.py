@@ -5,7 +5,6 @@ text, and the spoken apology when the LLM fails."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,6 @@ from tests.scripted_llm import (
     chat_text,
     close_quietly,
     make_llm,
-    scripted_llm_server,
     text_events,
 )
 from voice_agent.backends.base import ChatMessage, ToolCall, ToolSpec
@@ -58,12 +56,6 @@ class Recorder:
 
     def peak(self) -> int:
         return max((int(np.abs(c).max()) for c in self.chunks if c.size), default=0)
-
-
-@pytest.fixture
-async def peer() -> AsyncIterator[ScriptedLlmServer]:
-    async with scripted_llm_server() as server:
-        yield server
 
 
 async def reply(
