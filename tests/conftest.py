@@ -16,6 +16,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from tests.ports import free_port
+from tests.scripted_llm import ScriptedLlmServer, scripted_llm_server
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.server.app import CALLS, build_app
@@ -112,6 +113,13 @@ async def server_factory(engine: Engine) -> AsyncIterator[ServerFactory]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+@pytest_asyncio.fixture
+async def peer() -> AsyncIterator[ScriptedLlmServer]:
+    """A scripted LLM server (tests/scripted_llm.py) for one test."""
+    async with scripted_llm_server() as server:
+        yield server
 
 
 @pytest.fixture

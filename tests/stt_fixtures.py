@@ -58,8 +58,13 @@ async def parakeet(tiny_nemo_model: Path) -> AsyncIterator[SttBackend]:
 
 
 def engine_with_stt(engine: Engine, stt: SttBackend, settings: Settings) -> SharedEngine:
+    return engine_with_models(engine, settings, stt=stt)
+
+
+def engine_with_models(engine: Engine, settings: Settings, **models: Any) -> SharedEngine:
+    """The shared engine's models, some of them replaced (``stt=``, ``llm=``...)."""
     assert engine.models is not None
-    return SharedEngine(settings, dataclasses.replace(engine.models, stt=stt))
+    return SharedEngine(settings, dataclasses.replace(engine.models, **models))
 
 
 @pytest_asyncio.fixture

@@ -5,7 +5,6 @@ dropped connections and cancellation."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from tests.scripted_llm import (
     call_events,
     chat_chunk,
     make_llm,
-    scripted_llm_server,
     text_events,
 )
 from voice_agent.backends.base import ChatMessage, LlmError, ToolCall, ToolSpec
@@ -35,12 +33,6 @@ WEATHER = ToolSpec(
     "The weather in a city.",
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
-
-
-@pytest.fixture
-async def peer() -> AsyncIterator[ScriptedLlmServer]:
-    async with scripted_llm_server() as server:
-        yield server
 
 
 async def collect(api: str, url: str, **config: Any) -> list[str | ToolCall]:

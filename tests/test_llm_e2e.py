@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -22,7 +21,6 @@ from tests.scripted_llm import (
     close_quietly,
     engine_with_llm,
     make_llm,
-    scripted_llm_server,
     text_events,
 )
 from voice_agent.client import RealtimeClient
@@ -41,12 +39,6 @@ ORDER_TOOL = {
         "required": ["order_id"],
     },
 }
-
-
-@pytest.fixture
-async def peer() -> AsyncIterator[ScriptedLlmServer]:
-    async with scripted_llm_server() as server:
-        yield server
 
 
 def typed(text: str) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -17,19 +16,12 @@ from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
     engine_with_llm,
-    scripted_llm_server,
     text_events,
 )
 from voice_agent.backends.llm_http import HttpLlmConfig
 from voice_agent.engine import Engine
 
 SECRET = "sk-server-secret"
-
-
-@pytest.fixture
-async def peer() -> AsyncIterator[ScriptedLlmServer]:
-    async with scripted_llm_server() as server:
-        yield server
 
 
 def proxied(engine: Engine, base_url: str) -> Engine:

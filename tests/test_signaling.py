@@ -131,18 +131,6 @@ async def test_unknown_call_is_404(
         assert (await response.json())["error"]["code"] == "call_not_found"
 
 
-async def test_a_call_that_never_connects_is_released(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
-) -> None:
-    server = await server_factory(connect_timeout_s=1.0)
-    pc, offer = await real_offer()
-    status, _, _ = await post(http, server.url, offer)
-    assert status == 201
-    assert len(server.calls) == 1
-    await pc.close()  # never applies the answer: no ICE, no DTLS
-    await asyncio.wait_for(server.calls.wait_for_count(0), 5)
-
-
 async def test_a_peer_that_disappears_is_released(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:

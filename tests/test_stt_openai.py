@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import socket
-import wave
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -15,77 +13,24 @@ import aiohttp
 import numpy as np
 import pytest
 import pytest_asyncio
-from aiohttp import web
 
 from tests.audio_data import silence
 from tests.conftest import run_server
 from tests.conftest import test_settings as settings_with
 from tests.stt_fixtures import engine_with_stt
 from tests.tiny_nemo import phrase_audio
+from tests.transcription_server import API_KEY, TranscriptionServer, transcription_server
 from voice_agent.backends import registry
 from voice_agent.backends.base import SttBackend
 from voice_agent.backends.stt_openai import OpenAIStt, RemoteSttError
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 
-API_KEY = "test-key"
-
-
-class TranscriptionServer:
-    """POST /v1/audio/transcriptions (multipart: file, model, ...) -> {"text"}."""
-
-    def __init__(self, stt: SttBackend) -> None:
-        self.stt = stt
-        self.forms: list[dict[str, Any]] = []
-        self.requests = 0
-        self.stall = asyncio.Event()
-        self.stall.set()
-        self.app = web.Application()
-        self.app.router.add_post("/v1/audio/transcriptions", self.transcribe)
-        self.app.router.add_post("/broken/audio/transcriptions", self.broken)
-        self.app.router.add_post("/latin1/audio/transcriptions", self.latin1)
-        self.peers: list[object] = []  # each request's client address
-
-    async def transcribe(self, request: web.Request) -> web.StreamResponse:
-        self.requests += 1
-        assert request.transport is not None
-        self.peers.append(request.transport.get_extra_info("peername"))
-        if request.headers.get("Authorization") != f"Bearer {API_KEY}":
-            return web.json_response({"error": {"message": "invalid api key"}}, status=401)
-        form: dict[str, Any] = {}
-        async for part in await request.multipart():
-            assert isinstance(part, aiohttp.BodyPartReader)
-            form[part.name or ""] = await part.read() if part.filename else await part.text()
-        self.forms.append(form)
-        await self.stall.wait()
-        with wave.open(io.BytesIO(form["file"])) as handle:
-            if handle.getframerate() != 16000 or handle.getnchannels() != 1:
-                return web.json_response({"error": {"message": "want 16 kHz mono"}}, status=400)
-            audio = np.frombuffer(handle.readframes(handle.getnframes()), dtype="<i2")
-        return web.json_response({"text": await self.stt.transcribe(audio.astype(np.int16))})
-
-    async def broken(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(text="<html>gateway</html>", content_type="text/html")
-
-    async def latin1(self, request: web.Request) -> web.StreamResponse:
-        """Claims UTF-8, sends Latin-1."""
-        body = "Passerelle défaillante".encode("latin-1")
-        return web.Response(body=body, status=502, content_type="text/plain", charset="utf-8")
-
 
 @pytest_asyncio.fixture
 async def remote(parakeet: SttBackend) -> AsyncIterator[tuple[TranscriptionServer, str]]:
-    server = TranscriptionServer(parakeet)
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield server, f"http://127.0.0.1:{port}"
-    finally:
-        server.stall.set()
-        await runner.cleanup()
+    async with transcription_server(parakeet) as served:
+        yield served
 
 
 _clients: list[OpenAIStt] = []

@@ -49,7 +49,10 @@ class Settings(BaseSettings):
         20.0, gt=0, description="Release a call whose peer never connects within this time."
     )
     disconnect_grace_s: float = Field(
-        3.0, ge=0, description="Release a call this long after its peer's connection is lost."
+        3.0,
+        ge=0,
+        description="Release a call this long after its peer's connection is lost (ICE "
+        "disconnected, or no audio packet from it; at least 1 s for the latter).",
     )
     max_call_duration_s: float = Field(3600.0, gt=0, description="Hard limit on one call.")
     ice_servers: list[str] = Field(
@@ -126,7 +129,12 @@ class Settings(BaseSettings):
     stt_api_key: str | None = Field(
         None, description="API key for the remote STT server (default: env OPENAI_API_KEY)."
     )
-    stt_timeout_s: float = Field(30.0, gt=0, description="Timeout for one remote STT request.")
+    stt_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait for a turn's transcript, any backend (a remote request, a "
+        "hung model): past it the turn fails with an error and the apology.",
+    )
     # Partials' compute budget: a final waits for at most one partial batch,
     # of at most this many utterances of at most this length.
     stt_partial_max_batch: int = Field(

@@ -261,6 +261,7 @@ class Engine:
             prefill=self.llm_prefill,
             tools=self.tools,
             partial_interval_ms=self._partial_interval_ms(),
+            stt_timeout_s=s.stt_timeout_s,
         )
 
     def _partial_interval_ms(self) -> int:

@@ -30,6 +30,7 @@ from voice_agent.session.events import (
     UserSpeechStopped,
     UserTranscript,
     UserTranscriptDelta,
+    UserTranscriptFailed,
     UserTurnCommitted,
 )
 from voice_agent.session.ids import new_id
@@ -234,6 +235,25 @@ class RealtimeProtocol:
                     "type": "conversation.item.done",
                     "previous_item_id": self._previous.pop(event.item_id, None),
                     "item": self._user_item(event.item_id, event.transcript),
+                },
+            ]
+        if isinstance(event, UserTranscriptFailed):
+            return [
+                {
+                    "type": "conversation.item.input_audio_transcription.failed",
+                    "item_id": event.item_id,
+                    "content_index": 0,
+                    "error": {
+                        "type": "transcription_error",
+                        "code": event.code,
+                        "message": event.message,
+                        "param": None,
+                    },
+                },
+                {
+                    "type": "conversation.item.done",
+                    "previous_item_id": self._previous.pop(event.item_id, None),
+                    "item": self._user_item(event.item_id, None),
                 },
             ]
         if isinstance(event, ResponseStarted):

@@ -28,7 +28,7 @@ from aiortc import (
 
 from voice_agent.config import Settings
 from voice_agent.realtime.protocol import RealtimeProtocol
-from voice_agent.rtc.inbound import pump_inbound_audio
+from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
 from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.session import Models, SessionConfig, VoiceSession
 
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 EVENTS_CHANNEL = "oai-events"
 # Events produced before the client's data channel opens wait here (bounded).
 MAX_EARLY_EVENTS = 256
+# The shortest silence from a connected peer that counts as the peer gone.
+MIN_INBOUND_GAP_S = 1.0
 
 
 def restrict_host_addresses(addresses: list[str]) -> None:
@@ -123,7 +125,17 @@ class Call:
         if track.kind != "audio" or self._listening:
             return
         self._listening = True
-        self._spawn(pump_inbound_audio(track, self.session.push_audio), "inbound-audio")
+        self._spawn(self._listen(track), "inbound-audio")
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        # A gap under a second is jitter or loss; a peer silent for longer
+        # than the grace period is gone.
+        max_gap_s = max(self.settings.disconnect_grace_s, MIN_INBOUND_GAP_S)
+        try:
+            await pump_inbound_audio(track, self.session.push_audio, max_gap_s)
+        except InboundAudioStopped as exc:
+            log.warning("peer lost", extra={"call_id": self.id, "error": str(exc)})
+            self.close_soon("peer_lost")
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL or self._channel is not None:

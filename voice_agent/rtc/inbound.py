@@ -6,6 +6,7 @@ down-mixed and run through this session's stateful resampler.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -34,14 +35,35 @@ def frame_to_mono_int16(frame: av.AudioFrame) -> np.ndarray:
     return downmix_interleaved(samples.reshape(-1), channels)
 
 
-async def pump_inbound_audio(track: MediaStreamTrack, sink: Callable[[np.ndarray], None]) -> None:
-    """Until the track ends: decode, down-mix, resample, hand to ``sink``."""
+class InboundAudioStopped(Exception):
+    """The peer's audio stopped arriving, the track still open."""
+
+
+async def pump_inbound_audio(
+    track: MediaStreamTrack,
+    sink: Callable[[np.ndarray], None],
+    max_gap_s: float | None = None,
+) -> None:
+    """Until the track ends: decode, down-mix, resample, hand to ``sink``.
+
+    A peer that vanishes (its process killed, its network gone) sends no
+    goodbye, and ICE consent only notices after about 30 s; but a live peer
+    sends a packet every 20 ms, silence included. So once audio has flowed,
+    ``max_gap_s`` without a frame raises InboundAudioStopped."""
     resampler: StreamResampler | None = None
+    flowing = False
     while True:
         try:
-            frame = await track.recv()
+            if flowing and max_gap_s is not None:
+                async with asyncio.timeout(max_gap_s):
+                    frame = await track.recv()
+            else:
+                frame = await track.recv()
         except MediaStreamError:
             return
+        except TimeoutError:
+            raise InboundAudioStopped(f"no audio from the peer for {max_gap_s:g} s") from None
+        flowing = True
         assert isinstance(frame, av.AudioFrame)
         mono = frame_to_mono_int16(frame)
         if resampler is None or resampler.in_rate != frame.sample_rate:

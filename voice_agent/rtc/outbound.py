@@ -196,11 +196,11 @@ class PacedAudioTrack(MediaStreamTrack):
                 self._start = now - self._index * FRAME_MS / 1000.0
                 due = now
         late = max(0.0, now - due)
+        # A stall counts at its full length, also one the clock restarts after.
+        self.stats.record(late)
         if late > RESYNC_AFTER_S:
             self._start = now - self._index * FRAME_MS / 1000.0
             self.stats.resyncs += 1
-            late = 0.0
-        self.stats.record(late)
 
         if self._frames:
             samples, tag = self._frames.popleft()

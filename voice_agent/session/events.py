@@ -33,6 +33,15 @@ class UserTranscript:
 
 
 @dataclass(frozen=True)
+class UserTranscriptFailed:
+    """The user's turn could not be transcribed (the STT raised or hung)."""
+
+    item_id: str
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
 class UserTranscriptDelta:
     """More words of the user's turn in progress (append-only)."""
 
@@ -101,6 +110,7 @@ SessionEvent = (
     | UserSpeechStopped
     | UserTurnCommitted
     | UserTranscript
+    | UserTranscriptFailed
     | UserTranscriptDelta
     | ResponseStarted
     | AssistantTextDelta

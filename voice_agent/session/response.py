@@ -7,6 +7,12 @@ playing, and only becomes visible to the client, once it is committed.
 
 Cancellation is synchronous: both tasks are cancelled and the output flushed
 in one step, so not one more frame of this reply reaches the wire.
+
+A reply that fails (the LLM unreachable or dying mid-stream, a TTS piece
+that cannot be synthesised, the user's words that could not be transcribed)
+still ends: what was already synthesised is played, then the apology (best
+effort: the TTS may be what failed), then an ``error`` and a ``failed``
+``response.done`` with the reason.
 """
 
 from __future__ import annotations
@@ -94,6 +100,12 @@ class ReplySettings:
 Status = Literal["in_progress", "completed", "cancelled", "failed"]
 
 
+class SynthesisError(RuntimeError):
+    """The TTS could not speak a piece of the reply."""
+
+    code = "tts_error"
+
+
 @dataclass(eq=False)
 class Response:
     response_id: str
@@ -111,6 +123,9 @@ class Response:
     tools: Sequence[ToolSpec] = ()
     tool_choice: ToolChoice = "auto"
     server_tools: ToolRegistry | None = None
+    # Set when there is nothing to ask the LLM (the user's words could not be
+    # transcribed): the reply is the apology, and it fails with this error.
+    failure: SessionError | None = None
 
     def __post_init__(self) -> None:
         self._committed = asyncio.Event()
@@ -230,6 +245,11 @@ class Response:
 
     # -- the two tasks -----------------------------------------------------
     async def _generate(self) -> None:
+        if self.failure is not None:
+            self._error, self._error_code = self.failure.message, self.failure.code
+            await self._apologise()
+            await self._queue.put(None)
+            return
         try:
             self.metrics.llm_request = now()
             log.debug(
@@ -248,10 +268,14 @@ class Response:
             log.warning(
                 "reply generation failed", exc_info=True, extra={"response_id": self.response_id}
             )
-            self._error = str(exc) if isinstance(exc, LlmError) else f"{type(exc).__name__}: {exc}"
-            self._error_code = exc.code if isinstance(exc, LlmError) else "llm_error"
-            if not any(piece.text for piece in self._pieces.values()):
-                await self._apologise()
+            if isinstance(exc, (LlmError, SynthesisError)):
+                reason, self._error_code = str(exc), exc.code
+            else:
+                reason, self._error_code = f"{type(exc).__name__}: {exc}", "llm_error"
+            self._error = f"the reply could not be generated: {reason}"
+            # Also after some of the reply was said: a reply that stops
+            # mid-sentence, unexplained, leaves the caller waiting.
+            await self._apologise()
         await self._queue.put(None)
 
     async def _flush_audio(self) -> None:
@@ -375,7 +399,12 @@ class Response:
         first = index == 0
         if first:
             self.metrics.first_piece = self.metrics.tts_start = now()
-        audio = await self.tts.synthesize(text, urgent=first)
+        try:
+            audio = await self.tts.synthesize(text, urgent=first)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise SynthesisError(f"speech synthesis failed: {type(exc).__name__}: {exc}") from exc
         audio = self._resampler.process(audio)
         if first:
             self.metrics.tts_first_audio = now()
@@ -428,9 +457,7 @@ class Response:
             # answers at once (and asks for the next reply) finds this one done.
             self._give_calls(calls)
         if self._error is not None:
-            self.emit(
-                SessionError(self._error_code, f"the reply could not be generated: {self._error}")
-            )
+            self.emit(SessionError(self._error_code, self._error))
             self.status = "failed"
             self._finish("failed", self._error_code)
         else:
@@ -457,6 +484,15 @@ class Response:
         self, status: Literal["completed", "cancelled", "failed"], reason: str | None
     ) -> None:
         heard = self.full_text() if status == "completed" else self.heard_text()
+        if self.failure is None:  # an apology for words never heard answers nothing
+            self._record_history(status)
+        self.emit(
+            ResponseFinished(self.response_id, self.item_id, status, reason, heard, self.metrics)
+        )
+        if self.on_finished is not None:
+            self.on_finished(self)
+
+    def _record_history(self, status: Literal["completed", "cancelled", "failed"]) -> None:
         # A reply heard in full goes into the history exactly as generated
         # (with its tool calls and results), so the LLM server's prompt cache
         # still matches it on the next turn; a cut-off reply keeps only the
@@ -464,20 +500,15 @@ class Response:
         if status == "completed":
             self._record_exchange()
             self.conversation.add_assistant(self._final_text.strip())
-        else:
-            # The rounds that ran stay (a tool may have acted), client calls
-            # only if the client was given them; then the words heard of the
-            # round in progress, never text a tool-call message already holds.
-            if self._client_round is not None:
-                _, ran, covered = self._client_round
-                self._client_round = None
-                if ran:
-                    self._exchange += ran
-                    self._covered_pieces = covered
-            self._record_exchange()
-            self.conversation.add_assistant(self.heard_text(self._covered_pieces))
-        self.emit(
-            ResponseFinished(self.response_id, self.item_id, status, reason, heard, self.metrics)
-        )
-        if self.on_finished is not None:
-            self.on_finished(self)
+            return
+        # The rounds that ran stay (a tool may have acted), client calls
+        # only if the client was given them; then the words heard of the
+        # round in progress, never text a tool-call message already holds.
+        if self._client_round is not None:
+            _, ran, covered = self._client_round
+            self._client_round = None
+            if ran:
+                self._exchange += ran
+                self._covered_pieces = covered
+        self._record_exchange()
+        self.conversation.add_assistant(self.heard_text(self._covered_pieces))

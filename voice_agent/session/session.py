@@ -40,6 +40,7 @@ from voice_agent.session.events import (
     UserSpeechStarted,
     UserSpeechStopped,
     UserTranscript,
+    UserTranscriptFailed,
     UserTurnCommitted,
 )
 from voice_agent.session.ids import new_id
@@ -81,6 +82,13 @@ class SessionConfig:
     prefill: bool = False
     tools: ToolRegistry | None = None  # server-side tools (--tools)
     partial_interval_ms: int = 0  # live partial transcripts (0 = off)
+    # The longest a turn waits for its transcript: a model or server that
+    # hangs fails the turn (error, apology) instead of silencing the session.
+    stt_timeout_s: float = 30.0
+
+
+class SttTimeout(RuntimeError):
+    """The STT gave no transcript in time."""
 
 
 @dataclass
@@ -262,19 +270,12 @@ class VoiceSession:
         generation: int,
     ) -> None:
         try:
-            early = await spec.stt_task if spec is not None else None
-            if early is None:  # no speculation, or it was shed under load
-                metrics.speculative = False
-                metrics.stt_start = now()
-                early = await self.models.stt.transcribe(event.audio)
-                metrics.stt_done = now()
-            text = early.strip()
+            text = await self._transcribe_turn(event, spec, metrics)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("transcription failed", exc_info=True, extra={"session": self.id})
-            self._emit(SessionError("stt_error", f"transcription failed: {exc}"))
-            text = ""
+            self._transcription_failed(item_id, exc, spec, metrics, generation)
+            return
         if metrics.stt_start is not None and metrics.stt_done is not None:
             self.stt_latency.add(metrics.stt_done - metrics.stt_start)
         self._emit(UserTranscript(item_id, text))
@@ -290,6 +291,50 @@ class VoiceSession:
             response = self._new_response(text, metrics)
         self._play(response)
 
+    async def _transcribe_turn(
+        self, event: TurnEnded, spec: _Speculation | None, metrics: TurnMetrics
+    ) -> str:
+        """The turn's words: the early transcript if there is one, else the
+        whole turn's, within ``stt_timeout_s`` of the end of the turn. A
+        timeout cancels the request: still queued, it never reaches the
+        model; in flight, its result is dropped."""
+        timeout_s = self.config.stt_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                early = await spec.stt_task if spec is not None else None
+                if early is None:  # no speculation, or it was shed under load
+                    metrics.speculative = False
+                    metrics.stt_start = now()
+                    early = await self.models.stt.transcribe(event.audio)
+                    metrics.stt_done = now()
+        except TimeoutError:
+            raise SttTimeout(f"no transcript within {timeout_s:g} s") from None
+        return early.strip()
+
+    def _transcription_failed(
+        self,
+        item_id: str,
+        exc: Exception,
+        spec: _Speculation | None,
+        metrics: TurnMetrics,
+        generation: int,
+    ) -> None:
+        """Say so, to the client and out loud: silence would leave the
+        caller waiting for an answer that never comes."""
+        code = "stt_timeout" if isinstance(exc, SttTimeout) else "stt_error"
+        log.warning(
+            "transcription failed",
+            exc_info=not isinstance(exc, SttTimeout),
+            extra={"session": self.id, "code": code, "error": str(exc)},
+        )
+        message = f"transcription failed: {exc}"
+        self._emit(UserTranscriptFailed(item_id, code, message))
+        if spec is not None and spec.response is not None:
+            spec.response.cancel("superseded")
+        if generation != self._generation or self._closed:
+            return  # the user already speaks again: that turn gets its own answer
+        self._play(self._new_response(None, metrics, failure=SessionError(code, message)))
+
     # -- replies ------------------------------------------------------------------
     @property
     def tools(self) -> list[ToolSpec]:
@@ -302,6 +347,7 @@ class VoiceSession:
         metrics: TurnMetrics,
         instructions: str | None = None,
         max_tokens: int | None = None,
+        failure: SessionError | None = None,
     ) -> Response:
         reply = self.config.reply
         if max_tokens is not None:
@@ -321,6 +367,7 @@ class VoiceSession:
             tools=self.tools,
             tool_choice=self.tool_choice,
             server_tools=self.config.tools,
+            failure=failure,
         )
         self._live_responses.add(response)
         response.start()
