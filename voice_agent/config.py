@@ -130,7 +130,7 @@ class Settings(BaseSettings):
         None, description="API key for the remote STT server (default: env OPENAI_API_KEY)."
     )
     stt_timeout_s: float = Field(
-        30.0,
+        10.0,
         gt=0,
         description="Longest wait for a turn's transcript, any backend (a remote request, a "
         "hung model): past it the turn fails with an error and the apology.",
