@@ -181,3 +181,34 @@ async def test_sigterm_stops_the_front_every_worker_and_the_llm(
         assert await server.process.wait() == 0
     assert not [pid for pid in processes if alive(pid)]
     await client.hangup()
+
+
+async def test_the_front_authenticates_and_a_secret_binds_the_session_on_the_worker(
+    http: aiohttp.ClientSession,
+) -> None:
+    key = "sk-front-key"
+    process, url = await start_server("--workers", "2", "--auth", "required", "--api-keys", key)
+    server = WorkersServer(process, url)
+    try:
+        await wait_ready(http, url, timeout_s=240)
+        anonymous = RealtimeClient(url)
+        with pytest.raises(RuntimeError, match="401"):
+            await anonymous.connect(http)
+        await anonymous.hangup()
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"session": {"instructions": "Answer in French."}}
+        async with http.post(url + "/v1/realtime/client_secrets", json=body, headers=headers) as r:
+            secret = (await r.json())["value"]
+        client = RealtimeClient(url, token=secret)
+        await client.connect(http)
+        created = await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+        assert created["session"]["instructions"] == "Answer in French."
+        assert "_w" in location(client)
+        stats = await server.json(http, "/v1/stats")
+        assert stats["auth"]["refused"]["unauthorized"] == 1
+        assert sum(stats["auth"]["calls_by_key"].values()) == 1
+        await client.hangup(http)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await process.wait()

@@ -148,10 +148,16 @@ def main(argv: list[str] | None = None) -> int:
             from voice_agent.backends.llama_server import LlamaServerError
             from voice_agent.backends.registry import BackendUnavailable
             from voice_agent.backends.whisper_weights import WeightsUnavailable
+            from voice_agent.server.auth import AuthConfigError
             from voice_agent.session.tools import ToolLoadError
 
             if isinstance(
-                exc, BackendUnavailable | LlamaServerError | WeightsUnavailable | ToolLoadError
+                exc,
+                BackendUnavailable
+                | LlamaServerError
+                | WeightsUnavailable
+                | ToolLoadError
+                | AuthConfigError,
             ):
                 log.error("cannot start: %s", exc)
                 return 1

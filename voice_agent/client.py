@@ -118,8 +118,12 @@ class ReceivedAudio:
 
 
 class RealtimeClient:
-    def __init__(self, base_url: str, ice_servers: list[Any] | None = None) -> None:
+    def __init__(
+        self, base_url: str, ice_servers: list[Any] | None = None, token: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        # An API key or a client secret, sent as Authorization: Bearer.
+        self.token = token
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers or []))
         self.mic = PcmSource()
         self.received = ReceivedAudio()
@@ -164,7 +168,10 @@ class RealtimeClient:
         async with session.post(
             f"{self.base_url}/v1/realtime/calls",
             data=self.pc.localDescription.sdp,
-            headers={"Content-Type": "application/sdp"},
+            headers={
+                "Content-Type": "application/sdp",
+                **({"Authorization": f"Bearer {self.token}"} if self.token else {}),
+            },
         ) as response:
             body = await response.text()
             if response.status != 201:

@@ -44,6 +44,31 @@ class Settings(BaseSettings):
         description="New calls one client address may offer per minute (a token bucket; "
         "over it: 429 with Retry-After; 0 = no limit).",
     )
+    auth: Literal["auto", "required", "off"] = Field(
+        "auto",
+        description="API keys for calls, client secrets and the LLM proxy: 'auto' requires them "
+        "unless the server listens on loopback only.",
+    )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="Accepted API keys (comma-separated; prefer VOICE_AGENT_API_KEYS or "
+        "--api-keys-file: flags show in ps).",
+    )
+    api_keys_file: str | None = Field(
+        None, description="File of accepted API keys, one a line (# comments allowed)."
+    )
+    offers_per_minute_per_key: int = Field(
+        0,
+        ge=0,
+        description="New calls one API key may offer per minute, its client secrets included "
+        "(0 = no limit; over it: 429 with Retry-After).",
+    )
+    max_calls_per_key: int = Field(
+        0,
+        ge=0,
+        description="Calls one API key may have at once, its client secrets included "
+        "(0 = no limit; over it: 429).",
+    )
     max_offer_bytes: int = Field(64 * 1024, ge=1024, description="Largest SDP offer accepted.")
     connect_timeout_s: float = Field(
         20.0, gt=0, description="Release a call whose peer never connects within this time."
@@ -323,7 +348,7 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")
     preload: bool = Field(True, description="Load every model before accepting calls.")
 
-    @field_validator("cors_origins", "ice_servers", "ice_host_addresses", mode="before")
+    @field_validator("cors_origins", "ice_servers", "ice_host_addresses", "api_keys", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -25,7 +25,16 @@ from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc import decoder_hop
 from voice_agent.rtc.call import Call, restrict_host_addresses
+from voice_agent.server.auth import (
+    AUTH,
+    Authenticator,
+    AuthError,
+    Caller,
+    add_client_secrets_route,
+    with_bound_session,
+)
 from voice_agent.server.calls import CallRegistry
+from voice_agent.server.errors import error_response
 from voice_agent.server.limits import OfferRateLimiter, retry_after
 from voice_agent.server.llm_proxy import add_llm_proxy
 from voice_agent.server.sdk import add_sdk_routes
@@ -49,23 +58,6 @@ RETRY_AFTER_S = "5"
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
-) -> web.Response:
-    body = {
-        "error": {
-            "type": "rate_limit_error"
-            if status == 429
-            else "invalid_request_error"
-            if status < 500
-            else "server_error",
-            "code": code,
-            "message": message,
-        }
-    }
-    return web.json_response(body, status=status, headers=headers)
 
 
 class OfferError(Exception):
@@ -175,6 +167,47 @@ def rate_limited(request: web.Request) -> web.Response | None:
     )
 
 
+def authenticate(request: web.Request) -> tuple[Caller | None, web.Response | None]:
+    """Who is offering a call (an API key or a client secret, which this
+    spends), and a 401 or a per-key 429 when they may not."""
+    auth = request.app[AUTH]
+    try:
+        caller = auth.identify(request.headers, allow_secret=True)
+    except AuthError as exc:
+        return None, error_response(exc.status, exc.code, str(exc))
+    wait_s = auth.take_offer(caller)
+    if wait_s is not None:
+        per_minute = request.app[SETTINGS].offers_per_minute_per_key
+        message = f"more than {per_minute} offers a minute with this API key"
+        return None, error_response(
+            429, "rate_limited", message, {"Retry-After": retry_after(wait_s)}
+        )
+    return caller, None
+
+
+def api_key_refusal(request: web.Request) -> web.Response | None:
+    """401 unless the request carries an API key (when keys are required)."""
+    try:
+        request.app[AUTH].identify(request.headers, allow_secret=False)
+    except AuthError as exc:
+        return error_response(exc.status, exc.code, str(exc))
+    return None
+
+
+def too_many_calls(request: web.Request, caller: Caller | None) -> web.Response | None:
+    """429 when the caller's key already has its most calls at once (else
+    one is claimed: release it if the call is not made)."""
+    if request.app[AUTH].claim_call(caller):
+        return None
+    limit = request.app[SETTINGS].max_calls_per_key
+    return error_response(
+        429,
+        "too_many_calls",
+        f"this API key already has {limit} calls at once",
+        {"Retry-After": RETRY_AFTER_S},
+    )
+
+
 def not_serving(request: web.Request, engine: Engine) -> web.Response | None:
     """503 while the models load, the LLM is down, or shutdown has begun."""
     if not engine.ready or engine.models is None:
@@ -189,17 +222,38 @@ def not_serving(request: web.Request, engine: Engine) -> web.Response | None:
 
 
 async def create_call(request: web.Request) -> web.StreamResponse:
-    settings, engine, calls = request.app[SETTINGS], request.app[ENGINE], request.app[CALLS]
+    settings, engine = request.app[SETTINGS], request.app[ENGINE]
     if (refused := rate_limited(request)) is not None:
+        return refused
+    caller, refused = authenticate(request)
+    if refused is not None:
         return refused
     try:
         sdp, session_config = await read_offer(request, settings.max_offer_bytes)
     except OfferError as exc:
         return error_response(exc.status, exc.code, str(exc))
+    session_config = with_bound_session(caller, session_config)
     if (refused := not_serving(request, engine)) is not None:
         return refused
     models = engine.models
     assert models is not None  # not_serving refuses until they are loaded
+    if (refused := too_many_calls(request, caller)) is not None:
+        return refused
+    response: web.StreamResponse | None = None
+    try:
+        response = await _make_call(request, sdp, session_config, caller)
+        return response
+    finally:
+        if response is None or response.status != 201:
+            request.app[AUTH].release_call(caller)
+
+
+async def _make_call(
+    request: web.Request, sdp: str, session_config: dict[str, Any] | None, caller: Caller | None
+) -> web.StreamResponse:
+    settings, engine, calls = request.app[SETTINGS], request.app[ENGINE], request.app[CALLS]
+    models = engine.models
+    assert models is not None
     if not calls.reserve():
         calls.refused_full += 1
         return error_response(
@@ -237,6 +291,7 @@ async def create_call(request: web.Request) -> web.StreamResponse:
         raise
     finally:
         calls.release_reservation()
+    request.app[AUTH].bind_call(call.id, caller)
     calls.add(call)
     log.info("call created", extra={"call_id": call.id, "calls": len(calls)})
     return web.Response(
@@ -298,6 +353,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
             "load": round(calls.load, 3),
             "refused_full": calls.refused_full,
             "refused_rate_limited": request.app[OFFER_LIMITS].refused,
+            "auth": request.app[AUTH].stats(),
             "pacing": {
                 "frames": pacing.frames,
                 "audio_frames": pacing.audio_frames,
@@ -368,6 +424,7 @@ def new_app(settings: Settings) -> web.Application:
         client_max_size=settings.max_offer_bytes * 2,
     )
     app[SETTINGS] = settings
+    app[AUTH] = Authenticator.from_settings(settings)
     app[OFFER_LIMITS] = OfferRateLimiter(settings.offers_per_minute)
     app[SHUTTING_DOWN] = asyncio.Event()
     return app
@@ -385,8 +442,11 @@ def add_shared_routes(app: web.Application, settings: Settings, engine: Engine) 
     """Health, the demo page, the SDK and the LLM proxy."""
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/", index)
+    add_client_secrets_route(app)
     if settings.enable_llm_proxy:
-        add_llm_proxy(app, lambda: engine.llm_config, settings.llm_proxy_max_body_bytes)
+        add_llm_proxy(
+            app, lambda: engine.llm_config, settings.llm_proxy_max_body_bytes, api_key_refusal
+        )
     if WEB_DIR.is_dir():
         app.router.add_static("/web/", WEB_DIR, show_index=False)
         add_sdk_routes(app, WEB_DIR)
@@ -401,6 +461,7 @@ def build_app(settings: Settings, engine: Engine, call_id_prefix: str = "rtc") -
     app[ENGINE] = engine
     app[CALLS] = CallRegistry(settings.max_calls)
     app[CALL_ID_PREFIX] = call_id_prefix
+    app[CALLS].listeners.append(app[AUTH].on_call_change)
     app.router.add_post(CALLS_PATH, create_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_get("/readyz", readyz)

@@ -37,13 +37,16 @@ from voice_agent.server.app import (
     SHUTTING_DOWN,
     OfferError,
     add_shared_routes,
-    error_response,
+    authenticate,
     new_app,
     new_runner,
     not_serving,
     rate_limited,
     read_offer,
+    too_many_calls,
 )
+from voice_agent.server.auth import AUTH, with_bound_session
+from voice_agent.server.errors import error_response
 from voice_agent.server.speech_api import add_speech_routes
 from voice_agent.server.worker_pool import Worker, WorkerPool
 
@@ -64,13 +67,36 @@ async def create_call(request: web.Request) -> web.StreamResponse:
     settings, engine, pool = request.app[SETTINGS], request.app[FRONT_ENGINE], request.app[POOL]
     if (refused := rate_limited(request)) is not None:
         return refused
+    caller, refused = authenticate(request)
+    if refused is not None:
+        return refused
     try:
         # Bad offers are refused here, before any worker is involved.
         sdp, session_config = await read_offer(request, settings.max_offer_bytes)
     except OfferError as exc:
         return error_response(exc.status, exc.code, str(exc))
+    session_config = with_bound_session(caller, session_config)
     if (refused := not_serving(request, engine)) is not None:
         return refused
+    if (refused := too_many_calls(request, caller)) is not None:
+        return refused
+    response: web.Response | None = None
+    try:
+        response = await _admit(pool, sdp, session_config, request.remote)
+        return response
+    finally:
+        auth = request.app[AUTH]
+        location = response.headers.get("Location") if response is not None else None
+        if response is not None and response.status == 201 and location:
+            auth.bind_call(location.rsplit("/", 1)[-1], caller)
+        else:
+            auth.release_call(caller)
+
+
+async def _admit(
+    pool: WorkerPool, sdp: str, session_config: dict[str, Any] | None, client: str | None
+) -> web.Response:
+    """The offer, forwarded to the least-loaded worker; 503 when none can take it."""
     worker = pool.reserve()
     if worker is None:
         if pool.up == 0:
@@ -82,10 +108,16 @@ async def create_call(request: web.Request) -> web.StreamResponse:
             f"all {pool.max_calls} call slots are busy",
             {"Retry-After": RETRY_AFTER_S},
         )
+    answer: web.Response | None = None
     try:
-        return await _forward_offer(worker, sdp, session_config, request.remote)
+        answer = await _forward_offer(worker, sdp, session_config, client)
+        return answer
     finally:
-        worker.release()
+        location = answer.headers.get("Location") if answer is not None else None
+        if answer is not None and answer.status == 201 and location:
+            worker.answered(location.rsplit("/", 1)[-1])
+        else:
+            worker.release()
 
 
 async def _forward_offer(
@@ -201,6 +233,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
         "calls_total": sum(w.get("calls_total", 0) for w in answered),
         "refused_full": pool.refused_full,
         "refused_rate_limited": request.app[OFFER_LIMITS].refused,
+        "auth": request.app[AUTH].stats(),
         "pacing": merge_pacing([w.get("pacing", {}) for w in answered]),
         "stt": stt_body,
         "llm": engine.llm_health(),
@@ -217,6 +250,7 @@ def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web
     app = new_app(settings)
     app[FRONT_ENGINE] = engine
     app[POOL] = pool
+    pool.listeners.append(app[AUTH].on_call_change)
     app.router.add_post(CALLS_PATH, create_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_get("/readyz", readyz)

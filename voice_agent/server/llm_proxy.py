@@ -50,13 +50,19 @@ async def _read_body(request: web.Request, limit: int) -> dict[str, Any]:
 
 
 def add_llm_proxy(
-    app: web.Application, endpoint: Callable[[], HttpLlmConfig | None], max_body_bytes: int
+    app: web.Application,
+    endpoint: Callable[[], HttpLlmConfig | None],
+    max_body_bytes: int,
+    refusal: Callable[[web.Request], web.Response | None],
 ) -> None:
-    """Add the proxy routes; ``endpoint`` gives the LLM once the engine has started."""
+    """Add the proxy routes; ``endpoint`` gives the LLM once the engine has
+    started, ``refusal`` answers requests without a valid API key."""
     # One connection pool, made inside the running loop (the app is frozen by then).
     pool: list[aiohttp.ClientSession] = []
 
     async def forward(request: web.Request) -> web.StreamResponse:
+        if (refused := refusal(request)) is not None:
+            return refused
         config = endpoint()
         if config is None:
             return _error(503, "not_ready", "the LLM is still starting")

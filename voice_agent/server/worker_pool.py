@@ -18,7 +18,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,10 @@ class Worker:
     http: aiohttp.ClientSession | None = None
     live: set[str] = field(default_factory=set)
     reserved: int = 0
+    # Calls answered 201 whose start the worker's stream has not reported
+    # yet: they keep their reservation until it does, so a burst of offers
+    # never sees this worker emptier than it is.
+    unseen: set[str] = field(default_factory=set)
     up: bool = False
     restarts: int = 0
     base_url: str = "http://worker"
@@ -58,8 +62,22 @@ class Worker:
         return len(self.live) + self.reserved
 
     def release(self) -> None:
-        """An offer sent here has been answered (its call, if any, is live)."""
+        """An offer sent here made no call (or its call is counted as live)."""
         self.reserved = max(0, self.reserved - 1)  # zeroed already if it died meanwhile
+
+    def answered(self, call_id: str) -> None:
+        """An offer sent here made this call."""
+        if call_id in self.live:
+            self.release()
+        else:
+            self.unseen.add(call_id)
+
+    def seen(self, live: set[str]) -> None:
+        """The stream reported these calls (or, in a snapshot, all there
+        are: an answered call missing from one has ended already)."""
+        for call_id in [c for c in self.unseen if c in live]:
+            self.unseen.discard(call_id)
+            self.release()
 
     def status(self) -> dict[str, object]:
         return {
@@ -80,6 +98,8 @@ class WorkerPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.refused_full = 0
+        # Told ("ended", call id) as calls end, like a CallRegistry's listeners.
+        self.listeners: list[Callable[[str, str], None]] = []
 
     # -- capacity and routing ------------------------------------------------
     @property
@@ -124,9 +144,18 @@ class WorkerPool:
             self._spawn(self._supervise(worker), f"worker-{worker.index}-supervisor")
 
     def _config(self, worker: Worker) -> str:
-        # Admission and rate limits are the front's; a worker takes what it is sent.
         assert self._links is not None
-        settings = self.settings.model_copy(update={"offers_per_minute": 0, "workers": 1})
+        # Admission, authentication and rate limits are the front's; a worker,
+        # on its private socket, takes what it is sent.
+        settings = self.settings.model_copy(
+            update={
+                "offers_per_minute": 0,
+                "workers": 1,
+                "auth": "off",
+                "api_keys": [],
+                "api_keys_file": None,
+            }
+        )
         config = WorkerConfig(
             index=worker.index,
             socket=worker.socket,
@@ -175,11 +204,15 @@ class WorkerPool:
                     async for raw in response.content:
                         event = json.loads(raw)
                         if "live" in event:
-                            worker.live = set(event["live"])
+                            live = set(event["live"])
+                            self._ended(worker, worker.live - live)
+                            worker.live = live
+                            worker.seen(set(worker.unseen))  # answered: live, or over already
                         elif "started" in event:
                             worker.live.add(event["started"])
+                            worker.seen({event["started"]})
                         elif "ended" in event:
-                            worker.live.discard(event["ended"])
+                            self._ended(worker, {event["ended"]})
             except (aiohttp.ClientError, ValueError) as exc:
                 if process.returncode is None and not self._stopping:
                     log.warning(
@@ -194,6 +227,12 @@ class WorkerPool:
                 async with asyncio.timeout(0.5):
                     await process.wait()
 
+    def _ended(self, worker: Worker, call_ids: set[str]) -> None:
+        for call_id in call_ids:
+            worker.live.discard(call_id)
+            for listener in self.listeners:
+                listener("ended", call_id)
+
     async def _supervise(self, worker: Worker) -> None:
         """Restart a worker that exits while the service runs. Its calls are
         gone with it; the other workers' calls are not affected."""
@@ -203,8 +242,9 @@ class WorkerPool:
             assert process is not None
             code = await process.wait()
             worker.up = False
-            worker.live.clear()
+            self._ended(worker, set(worker.live))
             worker.reserved = 0
+            worker.unseen.clear()
             if self._stopping:
                 return
             log.error(

@@ -1,0 +1,291 @@
+"""Who may call: API keys, short-lived client secrets, and per-key limits.
+
+As OpenAI's API: a server holds an API key (``Authorization: Bearer KEY``);
+a browser app's backend mints a client secret with it
+(``POST /v1/realtime/client_secrets``) and hands the page that ``ek_...``
+value, which the page uses for its call. A secret is bound to the session
+configuration it was minted with, expires (``expires_after.seconds``, 10
+minutes by default, at most 2 hours), and is good for one call: used or
+expired, it is refused.
+
+Authentication is off when the server listens on loopback only, and
+required otherwise (``--auth auto``); ``--auth required`` or ``off`` say so
+explicitly. Limits per key (offers a minute, calls at once) sit beside the
+per-address ones; a secret counts against the key that minted it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import math
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from voice_agent.config import Settings
+from voice_agent.ratelimit import TokenBucket
+from voice_agent.server.errors import error_response
+
+SECRET_PREFIX = "ek_"
+DEFAULT_SECRET_TTL_S = 600
+MAX_SECRET_TTL_S = 7200
+MIN_SECRET_TTL_S = 1  # OpenAI's least is 10 s; shorter harms no one
+MAX_LIVE_SECRETS = 100_000  # bounded memory: expired ones are swept first
+
+
+CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
+MAX_SECRET_REQUEST_BYTES = 64 * 1024
+
+
+class AuthConfigError(RuntimeError):
+    """Authentication is required but cannot work as configured."""
+
+
+class AuthError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Whom a request is from: ``key_id`` names the API key (a short hash,
+    never the key), ``session`` is a client secret's bound configuration."""
+
+    key_id: str
+    session: dict[str, Any] | None = None
+
+
+@dataclass
+class _Secret:
+    key_id: str
+    expires_at: float
+    session: dict[str, Any] | None
+
+
+def key_id(key: str) -> str:
+    return "key_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def read_keys_file(path: Path) -> list[str]:
+    """One key a line; blank lines and ``#`` comments are skipped."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Authenticator:
+    def __init__(
+        self,
+        keys: list[str],
+        required: bool,
+        offers_per_minute_per_key: int = 0,
+        max_calls_per_key: int = 0,
+    ) -> None:
+        self.required = required
+        self._keys = {key_id(k): k for k in keys}
+        self._secrets: dict[str, _Secret] = {}
+        self._offers_per_minute = offers_per_minute_per_key
+        self._max_calls = max_calls_per_key
+        self._buckets: dict[str, TokenBucket] = {}
+        self._calls: dict[str, int] = {}
+        self._owners: dict[str, Caller] = {}  # live call id -> its caller
+        self.refused = {"unauthorized": 0, "rate_limited": 0, "too_many_calls": 0}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Authenticator:
+        keys = list(settings.api_keys)
+        if settings.api_keys_file:
+            try:
+                keys += read_keys_file(Path(settings.api_keys_file))
+            except OSError as exc:
+                raise AuthConfigError(f"cannot read --api-keys-file: {exc}") from None
+        required = settings.auth == "required" or (
+            settings.auth == "auto" and not is_loopback(settings.host)
+        )
+        if required and not keys:
+            why = (
+                "--auth required"
+                if settings.auth == "required"
+                else (f"listening on {settings.host}, not loopback")
+            )
+            raise AuthConfigError(
+                f"API keys are required ({why}) but none is set: pass --api-keys-file FILE "
+                "or VOICE_AGENT_API_KEYS, or --auth off behind your own authentication"
+            )
+        return cls(keys, required, settings.offers_per_minute_per_key, settings.max_calls_per_key)
+
+    # -- who is calling -------------------------------------------------------
+    def identify(self, headers: Mapping[str, str], allow_secret: bool) -> Caller | None:
+        """The caller, from ``Authorization: Bearer``; None when auth is off
+        (then only a client secret's bound session is taken from a token).
+        A client secret is spent here: a second use is refused."""
+        token = _bearer(headers.get("Authorization", ""))
+        if not self.required:
+            if allow_secret and token is not None and token.startswith(SECRET_PREFIX):
+                secret = self._secrets.pop(token, None)
+                if secret is not None and secret.expires_at > time.time():
+                    return Caller(secret.key_id, secret.session)
+            return None
+        if token is None:
+            self.refused["unauthorized"] += 1
+            raise AuthError(401, "missing_api_key", "send an API key: Authorization: Bearer KEY")
+        for kid, key in self._keys.items():
+            if hmac.compare_digest(token, key):
+                return Caller(kid)
+        if allow_secret and token.startswith(SECRET_PREFIX):
+            secret = self._secrets.pop(token, None)
+            if secret is not None and secret.expires_at > time.time():
+                return Caller(secret.key_id, secret.session)
+            self.refused["unauthorized"] += 1
+            raise AuthError(401, "invalid_client_secret", "the client secret is expired or used")
+        self.refused["unauthorized"] += 1
+        raise AuthError(401, "invalid_api_key", "the API key is not valid")
+
+    # -- client secrets ---------------------------------------------------------
+    def mint(self, caller: Caller, ttl_s: float, session: dict[str, Any] | None) -> dict[str, Any]:
+        """A new single-use secret, bound to ``session``."""
+        self._sweep()
+        if not MIN_SECRET_TTL_S <= ttl_s <= MAX_SECRET_TTL_S:
+            raise AuthError(
+                400,
+                "invalid_expires_after",
+                f"expires_after.seconds must be {MIN_SECRET_TTL_S}-{MAX_SECRET_TTL_S}",
+            )
+        value = SECRET_PREFIX + secrets.token_urlsafe(24)
+        expires_at = math.floor(time.time() + ttl_s)
+        self._secrets[value] = _Secret(caller.key_id, expires_at, session)
+        return {"value": value, "expires_at": expires_at}
+
+    def _sweep(self) -> None:
+        now = time.time()
+        for value in [v for v, s in self._secrets.items() if s.expires_at <= now]:
+            del self._secrets[value]
+        while len(self._secrets) >= MAX_LIVE_SECRETS:
+            del self._secrets[next(iter(self._secrets))]  # the oldest first
+
+    # -- per-key limits -----------------------------------------------------------
+    def take_offer(self, caller: Caller | None) -> float | None:
+        """Spend one offer for the caller's key: None if allowed, else the
+        seconds until the next one would be."""
+        if caller is None or self._offers_per_minute <= 0:
+            return None
+        bucket = self._buckets.get(caller.key_id)
+        if bucket is None:
+            rate = self._offers_per_minute / 60.0
+            bucket = self._buckets[caller.key_id] = TokenBucket(rate, self._offers_per_minute)
+        wait_s = bucket.take()
+        if wait_s is not None:
+            self.refused["rate_limited"] += 1
+        return wait_s
+
+    def claim_call(self, caller: Caller | None) -> bool:
+        """One more live call for the caller's key, if under its limit."""
+        if caller is None:
+            return True
+        calls = self._calls.get(caller.key_id, 0)
+        if self._max_calls > 0 and calls >= self._max_calls:
+            self.refused["too_many_calls"] += 1
+            return False
+        self._calls[caller.key_id] = calls + 1
+        return True
+
+    def bind_call(self, call_id: str, caller: Caller | None) -> None:
+        """The claimed call now exists: released when it ends."""
+        if caller is not None:
+            self._owners[call_id] = caller
+
+    def on_call_change(self, change: str, call_id: str) -> None:
+        """A call registry's listener: an ended call frees its key's slot."""
+        if change == "ended":
+            self.release_call(self._owners.pop(call_id, None))
+
+    def release_call(self, caller: Caller | None) -> None:
+        if caller is None:
+            return
+        calls = self._calls.get(caller.key_id, 0) - 1
+        if calls > 0:
+            self._calls[caller.key_id] = calls
+        else:
+            self._calls.pop(caller.key_id, None)
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "required": self.required,
+            "keys": len(self._keys),
+            "live_client_secrets": len(self._secrets),
+            "calls_by_key": dict(self._calls),
+            "refused": dict(self.refused),
+        }
+
+
+def _bearer(header: str) -> str | None:
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def with_bound_session(
+    caller: Caller | None, session: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """A client secret's session configuration, with the offer's own on top."""
+    bound = caller.session if caller is not None else None
+    if bound is None:
+        return session
+    return {**bound, **(session or {})}
+
+
+AUTH: web.AppKey[Authenticator] = web.AppKey("auth", Authenticator)
+
+
+async def create_client_secret(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/realtime/client_secrets`` (OpenAI's shape): with an API
+    key, a single-use ``ek_`` secret bound to ``session``."""
+    auth = request.app[AUTH]
+    try:
+        caller = auth.identify(request.headers, allow_secret=False) or Caller("local")
+    except AuthError as exc:
+        return error_response(exc.status, exc.code, str(exc))
+    raw = await request.content.read(MAX_SECRET_REQUEST_BYTES + 1)
+    if len(raw) > MAX_SECRET_REQUEST_BYTES:
+        return error_response(413, "body_too_large", "request body is too large")
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError):
+        return error_response(400, "invalid_json", "the body is not JSON")
+    if not isinstance(body, dict):
+        return error_response(400, "invalid_body", "the body must be a JSON object")
+    session = body.get("session")
+    if session is not None and not isinstance(session, dict):
+        return error_response(400, "invalid_session", "'session' must be an object")
+    expires = body.get("expires_after") or {}
+    ttl = expires.get("seconds", DEFAULT_SECRET_TTL_S) if isinstance(expires, dict) else None
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+        return error_response(400, "invalid_expires_after", "expires_after.seconds: a number")
+    try:
+        secret = auth.mint(caller, float(ttl), session)
+    except AuthError as exc:
+        return error_response(exc.status, exc.code, str(exc))
+    return web.json_response({**secret, "session": session or {}})
+
+
+def add_client_secrets_route(app: web.Application) -> None:
+    app.router.add_post(CLIENT_SECRETS_PATH, create_client_secret)
