@@ -75,7 +75,7 @@ async def caller(server: RunningServer, http: aiohttp.ClientSession) -> Realtime
 def call_of(server: RunningServer, client: RealtimeClient) -> Call:
     assert client.location is not None
     call = server.calls.get(client.location.rsplit("/", 1)[1])
-    assert call is not None
+    assert isinstance(call, Call)
     return call
 
 
@@ -416,7 +416,7 @@ async def test_a_peer_vanishing_mid_reply_is_released_and_the_llm_stopped(
                 assert process.stdout is not None
                 location = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
                 vanishing = server.calls.get(location.strip().rsplit("/", 1)[1])
-                assert vanishing is not None
+                assert isinstance(vanishing, Call)
                 speaking = await asyncio.wait_for(process.stdout.readline(), 30)
                 assert speaking.strip() == b"speaking"
                 b_reply = asyncio.create_task(ask(b, "Hello?"))
@@ -460,7 +460,9 @@ async def test_a_call_whose_ice_never_completes_is_released_after_the_connect_ti
             status, _, _ = await post(http, server.url, offer)
             posted_at = time.monotonic()
             assert status == 201
-            (stuck,) = [c for c in server.calls.calls() if not c.connected.is_set()]
+            (stuck,) = [
+                c for c in server.calls.calls() if isinstance(c, Call) and not c.connected.is_set()
+            ]
             b_reply = asyncio.create_task(ask(b, "Hello?"))
             await asyncio.wait_for(stuck.closed.wait(), timeout_s + 4)
             released_after = time.monotonic() - posted_at

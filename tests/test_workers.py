@@ -212,3 +212,32 @@ async def test_the_front_authenticates_and_a_secret_binds_the_session_on_the_wor
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             await process.wait()
+
+
+async def test_a_websocket_session_through_the_front_is_served_by_a_worker(
+    workers_server: WorkersServer, http: aiohttp.ClientSession
+) -> None:
+    server = workers_server
+    url = server.url.replace("http://", "ws://") + "/v1/realtime"
+    async with http.ws_connect(url, protocols=("realtime",)) as ws:
+        first = await asyncio.wait_for(ws.receive_json(), 10)
+        assert first["type"] == "session.created"
+        stats = await server.json(http, "/v1/stats")
+        assert stats["calls"] == 1 and sorted(w["calls"] for w in stats["workers"]) == [0, 1]
+        text = {"type": "input_text", "text": "Say hello."}
+        message = {"type": "message", "role": "user", "content": [text]}
+        await ws.send_json({"type": "conversation.item.create", "item": message})
+        await ws.send_json({"type": "response.create"})
+        audio_deltas = 0
+        async with asyncio.timeout(60):
+            while True:
+                event = await ws.receive_json()
+                audio_deltas += event["type"] == "response.output_audio.delta"
+                if event["type"] == "response.done":
+                    break
+        assert event["response"]["status"] == "completed" and audio_deltas > 10
+    async with asyncio.timeout(10):
+        while True:
+            if (await server.json(http, "/v1/stats"))["calls"] == 0:
+                break
+            await asyncio.sleep(0.1)  # the worker's call stream reaches the front

@@ -25,36 +25,39 @@ from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc import decoder_hop
 from voice_agent.rtc.call import Call, restrict_host_addresses
+from voice_agent.server.admission import (
+    CALL_ID_PREFIX,
+    CALLS,
+    ENGINE,
+    OFFER_LIMITS,
+    RETRY_AFTER_S,
+    SETTINGS,
+    SHUTTING_DOWN,
+    api_key_refusal,
+    authenticate,
+    not_serving,
+    rate_limited,
+    too_many_calls,
+)
 from voice_agent.server.auth import (
     AUTH,
     Authenticator,
-    AuthError,
     Caller,
     add_client_secrets_route,
     with_bound_session,
 )
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.errors import error_response
-from voice_agent.server.limits import OfferRateLimiter, retry_after
+from voice_agent.server.limits import OfferRateLimiter
 from voice_agent.server.llm_proxy import add_llm_proxy
 from voice_agent.server.sdk import add_sdk_routes
 from voice_agent.server.sdp_check import check_offer_lines
+from voice_agent.server.websocket import add_websocket_route
 from voice_agent.session.ids import new_id
 
 log = logging.getLogger(__name__)
 
-ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
-CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
-SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
-# Set once shutdown begins (an Event: the app itself is frozen by then).
-SHUTTING_DOWN: web.AppKey[asyncio.Event] = web.AppKey("shutting_down", asyncio.Event)
-OFFER_LIMITS: web.AppKey[OfferRateLimiter] = web.AppKey("offer_limits", OfferRateLimiter)
-# "rtc" in one process; "rtc_w3" in media worker 3, so its parent can route
-# a call's requests to the worker that owns it.
-CALL_ID_PREFIX: web.AppKey[str] = web.AppKey("call_id_prefix", str)
-
 CALLS_PATH = "/v1/realtime/calls"
-RETRY_AFTER_S = "5"
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -150,75 +153,6 @@ async def _read_parts(request: web.Request, limit: int) -> tuple[bytes, dict[str
     if sdp is None:
         raise OfferError(400, "invalid_body", "multipart body has no 'sdp' part")
     return sdp, session
-
-
-def rate_limited(request: web.Request) -> web.Response | None:
-    """429 when this client address has offered too many calls lately.
-    Checked before anything is read or parsed: a flood costs one dict
-    lookup per offer."""
-    wait_s = request.app[OFFER_LIMITS].take(request.remote or "unknown")
-    if wait_s is None:
-        return None
-    return error_response(
-        429,
-        "rate_limited",
-        f"more than {request.app[SETTINGS].offers_per_minute} offers a minute from this address",
-        {"Retry-After": retry_after(wait_s)},
-    )
-
-
-def authenticate(request: web.Request) -> tuple[Caller | None, web.Response | None]:
-    """Who is offering a call (an API key or a client secret, which this
-    spends), and a 401 or a per-key 429 when they may not."""
-    auth = request.app[AUTH]
-    try:
-        caller = auth.identify(request.headers, allow_secret=True)
-    except AuthError as exc:
-        return None, error_response(exc.status, exc.code, str(exc))
-    wait_s = auth.take_offer(caller)
-    if wait_s is not None:
-        per_minute = request.app[SETTINGS].offers_per_minute_per_key
-        message = f"more than {per_minute} offers a minute with this API key"
-        return None, error_response(
-            429, "rate_limited", message, {"Retry-After": retry_after(wait_s)}
-        )
-    return caller, None
-
-
-def api_key_refusal(request: web.Request) -> web.Response | None:
-    """401 unless the request carries an API key (when keys are required)."""
-    try:
-        request.app[AUTH].identify(request.headers, allow_secret=False)
-    except AuthError as exc:
-        return error_response(exc.status, exc.code, str(exc))
-    return None
-
-
-def too_many_calls(request: web.Request, caller: Caller | None) -> web.Response | None:
-    """429 when the caller's key already has its most calls at once (else
-    one is claimed: release it if the call is not made)."""
-    if request.app[AUTH].claim_call(caller):
-        return None
-    limit = request.app[SETTINGS].max_calls_per_key
-    return error_response(
-        429,
-        "too_many_calls",
-        f"this API key already has {limit} calls at once",
-        {"Retry-After": RETRY_AFTER_S},
-    )
-
-
-def not_serving(request: web.Request, engine: Engine) -> web.Response | None:
-    """503 while the models load, the LLM is down, or shutdown has begun."""
-    if not engine.ready or engine.models is None:
-        reason = engine.unready_reason or "models are still loading"
-        code = "not_ready" if engine.models is None else "llm_unavailable"
-        return error_response(503, code, reason, {"Retry-After": RETRY_AFTER_S})
-    if request.app[SHUTTING_DOWN].is_set():
-        return error_response(
-            503, "shutting_down", "the server is shutting down", {"Retry-After": RETRY_AFTER_S}
-        )
-    return None
 
 
 async def create_call(request: web.Request) -> web.StreamResponse:
@@ -452,9 +386,12 @@ def add_shared_routes(app: web.Application, settings: Settings, engine: Engine) 
         add_sdk_routes(app, WEB_DIR)
 
 
-def build_app(settings: Settings, engine: Engine, call_id_prefix: str = "rtc") -> web.Application:
+def build_app(
+    settings: Settings, engine: Engine, call_id_prefix: str = "rtc", behind_front: bool = False
+) -> web.Application:
     """The whole service in this process; with ``--workers`` each media
-    worker runs one of these behind the front (``server/front.py``)."""
+    worker runs one of these behind the front (``server/front.py``), which
+    has admitted every call it forwards."""
     app = new_app(settings)
     restrict_host_addresses(settings.ice_host_addresses)
     decoder_hop.install()
@@ -464,6 +401,7 @@ def build_app(settings: Settings, engine: Engine, call_id_prefix: str = "rtc") -
     app[CALLS].listeners.append(app[AUTH].on_call_change)
     app.router.add_post(CALLS_PATH, create_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    add_websocket_route(app, trust_front=behind_front)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)
     add_shared_routes(app, settings, engine)
@@ -476,4 +414,16 @@ def build_app(settings: Settings, engine: Engine, call_id_prefix: str = "rtc") -
     return app
 
 
-__all__ = ["Call", "build_app"]
+__all__ = [
+    "CALLS",
+    "CALLS_PATH",
+    "RETRY_AFTER_S",
+    "SETTINGS",
+    "Call",
+    "authenticate",
+    "build_app",
+    "error_response",
+    "not_serving",
+    "rate_limited",
+    "too_many_calls",
+]

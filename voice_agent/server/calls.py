@@ -5,11 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
-from voice_agent.rtc.call import Call
-from voice_agent.rtc.outbound import PacingStats
+from voice_agent.rtc.outbound import PacedAudioTrack, PacingStats
+from voice_agent.session.session import VoiceSession
 
 log = logging.getLogger(__name__)
+
+
+class Call(Protocol):
+    """A live call, whichever transport carries it (``rtc/call.py`` for
+    WebRTC, ``ws/call.py`` for a WebSocket)."""
+
+    id: str
+    output: PacedAudioTrack
+    session: VoiceSession
+    closed: asyncio.Event
+    close_reason: str | None
+
+    async def close(self, reason: str = "hangup") -> None: ...
 
 
 class CallRegistry:

@@ -29,30 +29,41 @@ from aiohttp import web
 from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
-from voice_agent.server.app import (
-    CALLS_PATH,
+from voice_agent.server.admission import (
+    ENGINE,
     OFFER_LIMITS,
     RETRY_AFTER_S,
     SETTINGS,
     SHUTTING_DOWN,
-    OfferError,
-    add_shared_routes,
     authenticate,
-    new_app,
-    new_runner,
     not_serving,
     rate_limited,
-    read_offer,
     too_many_calls,
+)
+from voice_agent.server.app import (
+    CALLS_PATH,
+    OfferError,
+    add_shared_routes,
+    new_app,
+    new_runner,
+    read_offer,
 )
 from voice_agent.server.auth import AUTH, with_bound_session
 from voice_agent.server.errors import error_response
 from voice_agent.server.speech_api import add_speech_routes
+from voice_agent.server.websocket import (
+    CALL_ID_HEADER,
+    MAX_FRAME_BYTES,
+    REALTIME_PATH,
+    SESSION_HEADER,
+    SUBPROTOCOL,
+    admit,
+)
 from voice_agent.server.worker_pool import Worker, WorkerPool
+from voice_agent.session.ids import new_id
 
 log = logging.getLogger(__name__)
 
-FRONT_ENGINE: web.AppKey[Engine] = web.AppKey("front_engine", Engine)
 POOL: web.AppKey[WorkerPool] = web.AppKey("pool", WorkerPool)
 WORKER_STATS_TIMEOUT_S = 2.0
 # Headers of a worker's answer that mean something to the client.
@@ -64,7 +75,7 @@ def _unavailable(message: str) -> web.Response:
 
 
 async def create_call(request: web.Request) -> web.StreamResponse:
-    settings, engine, pool = request.app[SETTINGS], request.app[FRONT_ENGINE], request.app[POOL]
+    settings, engine, pool = request.app[SETTINGS], request.app[ENGINE], request.app[POOL]
     if (refused := rate_limited(request)) is not None:
         return refused
     caller, refused = authenticate(request)
@@ -161,6 +172,80 @@ async def _relay(answer: aiohttp.ClientResponse) -> web.Response:
     )
 
 
+async def realtime_websocket(request: web.Request) -> web.StreamResponse:
+    """A WebSocket session, admitted here and relayed to a worker: the
+    front picks the call's id (so it knows whose it is at once) and hands
+    the worker the session a client secret bound."""
+    pool, auth = request.app[POOL], request.app[AUTH]
+    caller, refused = await admit(request)
+    if refused is not None:
+        return refused
+    worker = pool.reserve()
+    if worker is None or worker.http is None:
+        if worker is not None:
+            worker.release()
+        auth.release_call(caller)
+        if worker is None and pool.up > 0:
+            pool.refused_full += 1
+            return error_response(
+                503,
+                "server_full",
+                f"all {pool.max_calls} call slots are busy",
+                {"Retry-After": RETRY_AFTER_S},
+            )
+        return _unavailable("no media worker can take the call")
+    call_id = new_id(f"rtc_w{worker.index}")
+    headers = {CALL_ID_HEADER: call_id}
+    if caller is not None and caller.session is not None:
+        headers[SESSION_HEADER] = json.dumps(caller.session, separators=(",", ":"))
+    try:
+        upstream = await worker.http.ws_connect(
+            worker.base_url + REALTIME_PATH, headers=headers, max_msg_size=MAX_FRAME_BYTES
+        )
+    except aiohttp.ClientError as exc:
+        worker.release()
+        auth.release_call(caller)
+        log.warning("websocket not relayed", extra={"worker": worker.index, "error": str(exc)})
+        return _unavailable(f"media worker {worker.index} did not answer")
+    worker.answered(call_id)
+    auth.bind_call(call_id, caller)
+    client = web.WebSocketResponse(protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES)
+    try:
+        await client.prepare(request)
+        await _relay_frames(client, upstream)
+    finally:
+        await upstream.close()  # ends the worker's call, if the client went first
+        await client.close()
+    return client
+
+
+async def _relay_frames(
+    client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
+) -> None:
+    async def pipe(
+        source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+        sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+    ) -> None:
+        async for message in source:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                await sink.send_str(message.data)
+            elif message.type == aiohttp.WSMsgType.BINARY:
+                await sink.send_bytes(message.data)
+            else:
+                return
+
+    both = [
+        asyncio.create_task(pipe(client, upstream)),
+        asyncio.create_task(pipe(upstream, client)),
+    ]
+    try:
+        await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in both:
+            task.cancel()
+        await asyncio.gather(*both, return_exceptions=True)
+
+
 async def delete_call(request: web.Request) -> web.StreamResponse:
     call_id = request.match_info["call_id"]
     worker = request.app[POOL].owner(call_id)
@@ -185,12 +270,15 @@ def _capacity(pool: WorkerPool) -> dict[str, Any]:
 async def readyz(request: web.Request) -> web.StreamResponse:
     """Ready when a call would be served: models loaded, the LLM able to
     answer, a media worker up, a slot free."""
-    engine, pool = request.app[FRONT_ENGINE], request.app[POOL]
+    engine, pool = request.app[ENGINE], request.app[POOL]
     body: dict[str, Any] = {"ready": engine.ready, **_capacity(pool), "llm": engine.llm_health()}
     unready = {"Retry-After": RETRY_AFTER_S}
-    if not engine.ready:
-        status = "loading" if engine.models is None else "llm_unavailable"
-        body.update(status=status, reason=engine.unready_reason)
+    if not engine.ready or not pool.started:
+        loading = engine.models is None or engine.ready
+        body.update(
+            status="loading" if loading else "llm_unavailable",
+            reason=engine.unready_reason or "the media workers are starting",
+        )
         return web.json_response(body, status=503, headers=unready)
     if pool.up == 0:
         body.update(status="workers_unavailable", reason="no media worker is running")
@@ -222,7 +310,7 @@ def merge_pacing(parts: list[dict[str, Any]]) -> dict[str, Any]:
 async def stats(request: web.Request) -> web.StreamResponse:
     """The same counters as one process serves, summed over the workers,
     plus each worker's own line."""
-    engine, pool = request.app[FRONT_ENGINE], request.app[POOL]
+    engine, pool = request.app[ENGINE], request.app[POOL]
     per_worker = await asyncio.gather(*(_worker_stats(w) for w in pool.workers))
     answered = [s for s in per_worker if s is not None]
     stt = engine.models.stt if engine.models is not None else None
@@ -248,11 +336,12 @@ async def stats(request: web.Request) -> web.StreamResponse:
 
 def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web.Application:
     app = new_app(settings)
-    app[FRONT_ENGINE] = engine
+    app[ENGINE] = engine
     app[POOL] = pool
     pool.listeners.append(app[AUTH].on_call_change)
     app.router.add_post(CALLS_PATH, create_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    app.router.add_get(REALTIME_PATH, realtime_websocket)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)
     add_shared_routes(app, settings, engine)

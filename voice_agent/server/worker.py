@@ -79,7 +79,7 @@ async def call_events(request: web.Request) -> web.StreamResponse:
 async def run_worker(config: WorkerConfig, parent_gone: asyncio.Future[None]) -> None:
     settings = Settings(**config.settings)
     engine = Engine(settings, SharedModelLinks(**config.links))
-    app = build_app(settings, engine, config.call_id_prefix())
+    app = build_app(settings, engine, config.call_id_prefix(), behind_front=True)
     app.router.add_get(EVENTS_PATH, call_events)
     runner = new_runner(app)
     await runner.setup()

@@ -97,6 +97,7 @@ class WorkerPool:
         self.workers = [Worker(i, str(runtime_dir / f"worker-{i}.sock")) for i in range(count)]
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self.started = False  # every worker has been launched once
         self.refused_full = 0
         # Told ("ended", call id) as calls end, like a CallRegistry's listeners.
         self.listeners: list[Callable[[str, str], None]] = []
@@ -142,6 +143,7 @@ class WorkerPool:
         await asyncio.gather(*(self._launch(w) for w in self.workers))
         for worker in self.workers:
             self._spawn(self._supervise(worker), f"worker-{worker.index}-supervisor")
+        self.started = True
 
     def _config(self, worker: Worker) -> str:
         assert self._links is not None

@@ -1,0 +1,136 @@
+"""``GET /v1/realtime``: the same session over a WebSocket, with OpenAI's own
+Python SDK as one of the peers. Real server, real models."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+from tests.conftest import RunningServer, ServerFactory
+
+pytestmark = pytest.mark.e2e
+
+WIRE_RATE = 24_000
+
+
+def ws_url(server: RunningServer) -> str:
+    return server.url.replace("http://", "ws://") + "/v1/realtime?model=default"
+
+
+async def events_until(
+    ws: aiohttp.ClientWebSocketResponse, last: str, timeout_s: float = 60
+) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(timeout_s):
+        async for message in ws:
+            assert message.type == aiohttp.WSMsgType.TEXT, message
+            events.append(message.json())
+            if events[-1]["type"] == last:
+                return events
+    raise AssertionError(f"the socket closed before {last}: {[e['type'] for e in events]}")
+
+
+def typed_turn(text: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": text}],
+            },
+        },
+        {"type": "response.create"},
+    ]
+
+
+def audio_of(events: list[dict[str, Any]]) -> np.ndarray:
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_audio.delta"]
+    return np.frombuffer(b"".join(base64.b64decode(d) for d in deltas), dtype="<i2")
+
+
+async def test_a_typed_turn_over_a_websocket_is_answered_in_paced_audio_deltas(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    async with http.ws_connect(ws_url(server), protocols=("realtime",)) as ws:
+        assert ws.protocol == "realtime"
+        (created,) = await events_until(ws, "session.created", 10)
+        assert created["session"]["audio"]["output"]["format"] == {
+            "type": "audio/pcm",
+            "rate": WIRE_RATE,
+        }
+        assert len(server.calls) == 1
+        started = asyncio.get_running_loop().time()
+        for event in typed_turn("Hello! How are you today?"):
+            await ws.send_json(event)
+        events = await events_until(ws, "response.done")
+        took = asyncio.get_running_loop().time() - started
+        done = events[-1]["response"]
+        assert done["status"] == "completed", done.get("status_details")
+        audio = audio_of(events)
+        assert audio.size > WIRE_RATE // 2 and int(np.abs(audio).max()) > 2000
+        # Paced: the deltas took about as long to arrive as they last to play.
+        assert took >= audio.size / WIRE_RATE - 0.2
+        delta = next(e for e in events if e["type"] == "response.output_audio.delta")
+        assert delta["response_id"] == done["id"]
+        assert delta["item_id"] == done["output"][0]["id"]
+        transcript = done["output"][0]["content"][0]["transcript"]
+        assert transcript.strip()
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)  # closing the socket ends the call
+
+
+async def test_openais_python_sdk_talks_to_the_websocket_unchanged(
+    server_factory: ServerFactory,
+) -> None:
+    server = await server_factory(auth="required", api_keys=["sk-sdk"])
+    client = AsyncOpenAI(base_url=server.url + "/v1", api_key="sk-sdk")
+    async with client.realtime.connect(model="default") as connection:
+        first = await asyncio.wait_for(connection.recv(), 10)
+        assert first.type == "session.created"
+        await connection.session.update(
+            session={"type": "realtime", "instructions": "Answer in one short sentence."}
+        )
+        await connection.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "What is the capital of France?"}],
+            }
+        )
+        await connection.response.create()
+        kinds: list[str] = []
+        audio = b""
+        async with asyncio.timeout(60):
+            async for event in connection:
+                kinds.append(event.type)
+                if event.type == "response.output_audio.delta":
+                    audio += base64.b64decode(event.delta)
+                if event.type == "response.done":
+                    assert event.response.status == "completed"
+                    break
+        assert "session.updated" in kinds and "response.output_audio_transcript.delta" in kinds
+        assert len(audio) > WIRE_RATE  # over half a second of PCM16
+    await client.close()
+
+
+async def test_a_websocket_without_a_key_is_refused_before_the_upgrade(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(auth="required", api_keys=["sk-ws"])
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await http.ws_connect(ws_url(server))
+    assert refused.value.status == 401
+    assert len(server.calls) == 0
+    # A browser cannot set headers on a WebSocket: the key as a subprotocol.
+    async with http.ws_connect(
+        ws_url(server), protocols=("realtime", "openai-insecure-api-key.sk-ws")
+    ) as ws:
+        (created,) = await events_until(ws, "session.created", 10)
+        assert created["type"] == "session.created"

@@ -1,0 +1,173 @@
+"""One call over a WebSocket (``GET /v1/realtime``), for servers and phone
+gateways that do not want WebRTC.
+
+The same session and protocol as a WebRTC call (``rtc/call.py``): OpenAI
+Realtime events as JSON text frames both ways. Audio comes in as
+``input_audio_buffer.append`` events (base64 PCM16, 24 kHz mono), which the
+protocol feeds to the session as it does for the data channel, and goes out
+as ``response.output_audio.delta`` events of the same format.
+
+Outbound audio is paced in real time by the same track a WebRTC call uses
+(``rtc/outbound.py``): a delta leaves when its 20 ms would be played. So
+``response.done`` still means "played", barge-in still cuts the reply
+within one frame, and what the history keeps is what was heard, exactly as
+over WebRTC. (OpenAI's WebSocket API sends audio faster than real time and
+leaves the cut to ``conversation.item.truncate``; here a client can play the
+deltas as they come.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import WSMsgType, web
+from aiortc.mediastreams import MediaStreamError
+
+from voice_agent.audio.resample import StreamResampler
+from voice_agent.config import Settings
+from voice_agent.realtime.protocol import RealtimeProtocol
+from voice_agent.rtc.outbound import SAMPLE_RATE, PacedAudioTrack
+from voice_agent.session.events import AssistantAudioStarted, ResponseStarted, SessionEvent
+from voice_agent.session.session import Models, SessionConfig, VoiceSession
+
+log = logging.getLogger(__name__)
+
+WIRE_RATE = 24_000  # OpenAI's audio/pcm
+# Events waiting for a slow client; beyond this it is not keeping up with
+# its own call (50 audio deltas a second), and the call ends.
+MAX_OUTBOX = 1024
+
+
+class WebSocketCall:
+    def __init__(
+        self,
+        call_id: str,
+        settings: Settings,
+        models: Models,
+        session_config: SessionConfig,
+        model_name: str,
+        voice_name: str,
+        ws: web.WebSocketResponse,
+        on_closed: Callable[[WebSocketCall], None],
+    ) -> None:
+        self.id = call_id
+        self._ws = ws
+        self._on_closed = on_closed
+        self.output = PacedAudioTrack(buffer_ms=settings.output_buffer_ms, dtx=True)
+        self.session = VoiceSession(models, session_config, self.output, self._on_session_event)
+        self.output.on_audio_frame = self.session.frame_sent
+        self.protocol = RealtimeProtocol(
+            self.session, self._send_event, model_name, voice_name, settings.llm_max_tokens
+        )
+        self._outbox: asyncio.Queue[str | None] = asyncio.Queue(MAX_OUTBOX)
+        self._item_of: dict[str, str] = {}  # response id -> its message item
+        self._playing: tuple[str, str] | None = None  # (response id, item id)
+        self._to_wire = StreamResampler(SAMPLE_RATE, WIRE_RATE)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._teardown: asyncio.Future[None] | None = None
+        self.close_reason: str | None = None
+        self.closed = asyncio.Event()
+
+    # -- running ---------------------------------------------------------------
+    async def run(self) -> None:
+        """Serve the call until the client goes or the call is closed."""
+        self._tasks = [
+            asyncio.create_task(self._write(), name=f"{self.id}-ws-writer"),
+            asyncio.create_task(self._play(), name=f"{self.id}-ws-audio"),
+        ]
+        self.session.prefill_next_turn()
+        self.protocol.send_session_created()
+        try:
+            async for message in self._ws:
+                if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    self.protocol.on_client_message(message.data)
+                elif message.type == WSMsgType.ERROR:
+                    break
+        finally:
+            await self.close("hangup")
+
+    async def _write(self) -> None:
+        while (text := await self._outbox.get()) is not None:
+            await self._ws.send_str(text)
+
+    async def _play(self) -> None:
+        """Each 20 ms of reply audio, when it would be heard, as a delta."""
+        while True:
+            try:
+                samples, _ = await self.output.next_frame()
+            except MediaStreamError:
+                return
+            if samples is None or self._playing is None:
+                continue  # silence: nothing is sent
+            response_id, item_id = self._playing
+            pcm = self._to_wire.process(samples)
+            self.protocol.send(
+                {
+                    "type": "response.output_audio.delta",
+                    "response_id": response_id,
+                    "item_id": item_id,
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii"),
+                }
+            )
+
+    # -- events ------------------------------------------------------------------
+    def _on_session_event(self, event: SessionEvent) -> None:
+        if isinstance(event, ResponseStarted):
+            self._item_of[event.response_id] = event.item_id
+        elif isinstance(event, AssistantAudioStarted):
+            # Sent from inside next_frame(), just before that frame's delta.
+            self._playing = (event.response_id, self._item_of.get(event.response_id, ""))
+        self.protocol.on_session_event(event)
+
+    def _send_event(self, event: dict[str, Any]) -> None:
+        if self._teardown is not None:
+            return
+        try:
+            self._outbox.put_nowait(json.dumps(event, separators=(",", ":")))
+        except asyncio.QueueFull:
+            log.warning("client not reading its events; ending the call", extra={"id": self.id})
+            self.close_soon("slow_client")
+
+    # -- teardown --------------------------------------------------------------
+    def close_soon(self, reason: str) -> asyncio.Future[None]:
+        if self._teardown is None:
+            self.close_reason = reason
+            self._teardown = asyncio.ensure_future(self._release(reason))
+        return self._teardown
+
+    async def close(self, reason: str = "hangup") -> None:
+        await asyncio.shield(self.close_soon(reason))
+
+    async def _release(self, reason: str) -> None:
+        log.info("call closing", extra={"call_id": self.id, "reason": reason})
+        try:
+            try:
+                await self.session.close()
+            except Exception:
+                log.exception("closing the session failed", extra={"call_id": self.id})
+            self.output.stop()
+            with contextlib.suppress(asyncio.QueueFull):
+                self._outbox.put_nowait(None)  # the writer sends what is queued, then stops
+            writer, player = self._tasks or (None, None)
+            if player is not None:
+                player.cancel()
+            if writer is not None:
+                with contextlib.suppress(TimeoutError, Exception):
+                    async with asyncio.timeout(1.0):
+                        await asyncio.shield(writer)
+                writer.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self._ws.close()
+        finally:
+            self.closed.set()
+            self._on_closed(self)
