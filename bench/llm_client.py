@@ -9,6 +9,10 @@ llama.cpp server: time to first token and to the end of a 32-token reply.
 
     .venv/bin/python bench/llm_client.py            # 20 rounds each
     .venv/bin/python bench/llm_client.py --rounds 50
+
+The same scenarios through OpenAI's own SDK (``openai.AsyncOpenAI``,
+streaming chat completions) are measured beside ours in the same run: the
+figures the choice between the two clients rests on.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -88,6 +93,47 @@ async def scripted_rows(rounds: int) -> list[Row]:
             cancel.append((time.perf_counter() - started) * 1000)
             await llm.aclose()
         rows.append(("cancel -> upstream sees the disconnect", cancel))
+    return rows
+
+
+async def sdk_rows(rounds: int) -> list[Row]:
+    """OpenAI's SDK on the same peer: first output, a whole reply, and how
+    long until the peer sees a closed stream's disconnect."""
+    from openai import AsyncOpenAI
+
+    rows: list[Row] = []
+    async with scripted_llm_server() as peer:
+        client = AsyncOpenAI(base_url=peer.base_url, api_key="x", max_retries=0)
+        first, total, cancel = [], [], []
+        messages: list[Any] = [{"role": m.role, "content": m.content} for m in MESSAGES]
+        for _ in range(rounds):
+            peer.add(Script(text_events("chat-completions", *TOKENS)))
+            started = time.perf_counter()
+            f = 0.0
+            stream = await client.chat.completions.create(
+                model="m", messages=messages, max_tokens=300, stream=True
+            )
+            async for _chunk in stream:
+                f = f or time.perf_counter() - started
+            first.append(f * 1000)
+            total.append((time.perf_counter() - started) * 1000)
+        for _ in range(rounds):
+            peer.add(Script(text_events("chat-completions", "One, ", "two."), hang_after=2))
+            peer.disconnected.clear()
+            stream = await client.chat.completions.create(
+                model="m", messages=messages, max_tokens=50, stream=True
+            )
+            await anext(aiter(stream))
+            started = time.perf_counter()
+            await stream.close()
+            await peer.disconnected.wait()
+            cancel.append((time.perf_counter() - started) * 1000)
+        await client.close()
+    rows += [
+        ("openai SDK chat-completions: first output", first),
+        ("openai SDK chat-completions: 200 tokens, all", total),
+        ("openai SDK: cancel -> upstream sees the disconnect", cancel),
+    ]
     return rows
 
 
@@ -184,6 +230,7 @@ async def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # retries are expected here: keep the table clean
     rows = await scripted_rows(args.rounds)
+    rows += await sdk_rows(args.rounds)
     rows += await failure_rows(args.rounds)
     rows.append(filter_row(args.rounds))
     if not args.no_llama:
