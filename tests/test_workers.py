@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.serving import start_server, wait_ready
 from tests.audio_data import librivox, reference, silence, word_error_rate
@@ -236,6 +237,17 @@ async def test_a_websocket_session_through_the_front_is_served_by_a_worker(
                 if event["type"] == "response.done":
                     break
         assert event["response"]["status"] == "completed" and audio_deltas > 10
+    # /metrics merges the front's and every worker's, labelled by process.
+    async with http.get(server.url + "/metrics") as response:
+        families = {f.name: f for f in text_string_to_metric_families(await response.text())}
+    completed = [
+        s
+        for s in families["voice_agent_responses"].samples
+        if s.name.endswith("_total") and s.labels["status"] == "completed"
+    ]
+    assert [s.labels["process"] for s in completed if s.value == 1] in (["worker-0"], ["worker-1"])
+    memory = {s.labels["process"] for s in families["process_resident_memory_bytes"].samples}
+    assert memory == {"front", "worker-0", "worker-1"}
     async with asyncio.timeout(10):
         while True:
             if (await server.json(http, "/v1/stats"))["calls"] == 0:

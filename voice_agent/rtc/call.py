@@ -26,6 +26,7 @@ from aiortc import (
     RTCSessionDescription,
 )
 
+from voice_agent import observability
 from voice_agent.config import Settings
 from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
@@ -172,6 +173,7 @@ class Call:
 
     # -- events to the client -------------------------------------------------
     def _on_session_event(self, event: Any) -> None:
+        observability.observe(event)
         self.protocol.on_session_event(event)
 
     def _send_event(self, event: dict[str, Any]) -> None:

@@ -50,6 +50,7 @@ from voice_agent.server.calls import CallRegistry
 from voice_agent.server.errors import error_response
 from voice_agent.server.limits import OfferRateLimiter
 from voice_agent.server.llm_proxy import add_llm_proxy
+from voice_agent.server.metrics import LiveState, metrics_response, render
 from voice_agent.server.sdk import add_sdk_routes
 from voice_agent.server.sdp_check import check_offer_lines
 from voice_agent.server.websocket import add_websocket_route
@@ -301,6 +302,35 @@ async def stats(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def metrics(request: web.Request) -> web.StreamResponse:
+    return metrics_response(render(live_state(request.app)))
+
+
+def live_state(app: web.Application) -> LiveState:
+    engine, calls = app[ENGINE], app[CALLS]
+
+    def stt() -> dict[str, Any]:
+        model = engine.models.stt if engine.models is not None else None
+        return dict(model.stats()) if isinstance(model, ReportsStats) else {}
+
+    def pacing() -> dict[str, Any]:
+        totals = calls.pacing()
+        return {"frames": totals.frames, "late_over_20ms": totals.late_over_20ms}
+
+    return LiveState(
+        calls=lambda: len(calls),
+        ended=lambda: dict(calls.ended),
+        refused=lambda: {
+            "server_full": calls.refused_full,
+            "rate_limited": app[OFFER_LIMITS].refused,
+            **app[AUTH].refused,
+        },
+        pacing=pacing,
+        stt=stt,
+        llm=engine.llm_health,
+    )
+
+
 def stt_stats(engine: Engine, calls: CallRegistry) -> dict[str, object]:
     """The STT backend's own counters (batching, queue wait, inference) and
     each live session's STT latency."""
@@ -404,6 +434,7 @@ def build_app(
     add_websocket_route(app, trust_front=behind_front)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/metrics", metrics)
     add_shared_routes(app, settings, engine)
 
     async def on_shutdown(app: web.Application) -> None:

@@ -36,6 +36,7 @@ class CallRegistry:
         self._ended = PacingStats()
         self.calls_total = 0
         self.refused_full = 0  # offers answered 503: over capacity
+        self.ended: dict[str, int] = {}  # calls ended, by close reason
         # Told ("started" | "ended", call id) as calls come and go: a media
         # worker's parent keeps its own count and routing from these.
         self.listeners: list[Callable[[str, str], None]] = []
@@ -75,6 +76,8 @@ class CallRegistry:
     def discard(self, call: Call) -> None:
         if self._calls.pop(call.id, None) is not None:
             self._ended.merge(call.output.stats)
+            reason = call.close_reason or "unknown"
+            self.ended[reason] = self.ended.get(reason, 0) + 1
             for listener in self.listeners:
                 listener("ended", call.id)
         self._notify()

@@ -50,6 +50,7 @@ from voice_agent.server.app import (
 )
 from voice_agent.server.auth import AUTH, with_bound_session
 from voice_agent.server.errors import error_response
+from voice_agent.server.metrics import LiveState, merge, metrics_response, render, scrape
 from voice_agent.server.speech_api import add_speech_routes
 from voice_agent.server.websocket import (
     CALL_ID_HEADER,
@@ -334,6 +335,37 @@ async def stats(request: web.Request) -> web.StreamResponse:
     return web.json_response(body)
 
 
+async def metrics(request: web.Request) -> web.StreamResponse:
+    """The front's own metrics and every worker's, merged."""
+    engine, pool = request.app[ENGINE], request.app[POOL]
+
+    def stt() -> dict[str, Any]:
+        model = engine.models.stt if engine.models is not None else None
+        return dict(model.stats()) if isinstance(model, ReportsStats) else {}
+
+    own = LiveState(
+        calls=lambda: pool.calls,
+        ended=dict,
+        refused=lambda: {
+            "server_full": pool.refused_full,
+            "rate_limited": request.app[OFFER_LIMITS].refused,
+            **request.app[AUTH].refused,
+        },
+        pacing=lambda: None,
+        stt=stt,
+        llm=engine.llm_health,
+    )
+    expositions = {"front": render(own).decode()}
+    up = [w for w in pool.workers if w.up and w.http is not None]
+    scraped = await asyncio.gather(
+        *(scrape(w.http, w.base_url + "/metrics") for w in up if w.http is not None)
+    )
+    for worker, text in zip(up, scraped, strict=True):
+        if text is not None:
+            expositions[f"worker-{worker.index}"] = text
+    return metrics_response(merge(expositions))
+
+
 def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web.Application:
     app = new_app(settings)
     app[ENGINE] = engine
@@ -344,6 +376,7 @@ def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web
     app.router.add_get(REALTIME_PATH, realtime_websocket)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/metrics", metrics)
     add_shared_routes(app, settings, engine)
 
     async def on_shutdown(app: web.Application) -> None:

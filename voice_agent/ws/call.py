@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from aiortc.mediastreams import MediaStreamError
 
+from voice_agent import observability
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import Settings
 from voice_agent.realtime.protocol import RealtimeProtocol
@@ -125,6 +126,7 @@ class WebSocketCall:
         elif isinstance(event, AssistantAudioStarted):
             # Sent from inside next_frame(), just before that frame's delta.
             self._playing = (event.response_id, self._item_of.get(event.response_id, ""))
+        observability.observe(event)
         self.protocol.on_session_event(event)
 
     def _send_event(self, event: dict[str, Any]) -> None:

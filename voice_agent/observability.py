@@ -1,0 +1,50 @@
+"""Process-wide Prometheus metrics of what the sessions do: replies by
+outcome, per-stage turn latency, LLM and speech failures by code.
+
+The transports (``rtc/call.py``, ``ws/call.py``) hand every session event
+to ``observe``; the server exposes the result at ``GET /metrics``
+(``server/metrics.py``), with the live state (calls, pacing, STT batches)
+read at scrape time. Histograms are in seconds, as Prometheus prefers.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from voice_agent.session.events import ResponseFinished, SessionError, SessionEvent
+
+# Stage name -> the TurnMetrics span it is read from.
+STAGES = {
+    "end_of_turn": "end_of_turn_delay_ms",
+    "stt": "stt_ms",
+    "llm_ttft": "llm_ttft_ms",
+    "tts_first_audio": "tts_first_audio_ms",
+    "voice_to_voice": "voice_to_voice_ms",
+}
+BUCKETS_S = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+RESPONSES = Counter(
+    "voice_agent_responses", "Replies finished, by status and reason.", ["status", "reason"]
+)
+TURN_LATENCY = Histogram(
+    "voice_agent_turn_latency_seconds",
+    "Per-turn latency by stage (voice_to_voice: end of speech to the first frame sent).",
+    ["stage"],
+    buckets=BUCKETS_S,
+)
+ERRORS = Counter(
+    "voice_agent_session_errors", "Errors told to callers (LLM, STT, TTS), by code.", ["code"]
+)
+
+
+def observe(event: SessionEvent) -> None:
+    if isinstance(event, ResponseFinished):
+        RESPONSES.labels(event.status, event.reason or "").inc()
+        if event.metrics is not None:
+            spans = event.metrics.spans()
+            for stage, key in STAGES.items():
+                value = spans.get(key)
+                if value is not None:
+                    TURN_LATENCY.labels(stage).observe(value / 1000.0)
+    elif isinstance(event, SessionError):
+        ERRORS.labels(event.code).inc()
