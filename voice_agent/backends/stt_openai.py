@@ -10,8 +10,6 @@ every final).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import io
 import json
 import logging
@@ -22,8 +20,8 @@ import wave
 import aiohttp
 import numpy as np
 
+from voice_agent.backends.http_pool import PooledHttpClient
 from voice_agent.backends.registry import BackendUnavailable
-from voice_agent.backends.samples import Samples
 from voice_agent.config import Settings
 
 log = logging.getLogger(__name__)
@@ -46,7 +44,7 @@ def wav_bytes(audio: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-class OpenAIStt:
+class OpenAIStt(PooledHttpClient):
     name = "openai"
 
     def __init__(
@@ -58,25 +56,13 @@ class OpenAIStt:
         timeout_s: float,
         unix_socket: str | None = None,
     ) -> None:
-        self.url = base_url.rstrip("/") + "/audio/transcriptions"
-        self._unix_socket = unix_socket
+        super().__init__(base_url.rstrip("/") + "/audio/transcriptions", timeout_s, unix_socket)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._model = model
         self._language = language
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._latency = Samples()
-        self._errors = 0
-        self._http: aiohttp.ClientSession | None = None  # created on the serving loop
-        self._closed = False
-        self._closing: asyncio.Task[None] | None = None
 
-    def _session(self) -> aiohttp.ClientSession:
-        if self._closed:
-            raise RemoteSttError(f"the STT client for {self.url} is closed")
-        if self._http is None:
-            connector = aiohttp.UnixConnector(path=self._unix_socket) if self._unix_socket else None
-            self._http = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
-        return self._http
+    def _closed_error(self) -> Exception:
+        return RemoteSttError(f"the STT client for {self.url} is closed")
 
     async def transcribe(self, audio: np.ndarray) -> str:
         text = await self._request(audio, None)
@@ -129,28 +115,6 @@ class OpenAIStt:
             ) from None
         self._latency.add(time.monotonic() - started)
         return text.strip()
-
-    def stats(self) -> dict[str, object]:
-        return {
-            "backend": self.name,
-            "url": self.url,
-            "requests": self._latency.summary_ms(),
-            "errors": self._errors,
-        }
-
-    async def aclose(self) -> None:
-        self._closed = True
-        http, self._http = self._http, None
-        if http is not None:
-            await http.close()
-
-    def close(self) -> None:
-        """Synchronous callers: the pool is closed on the running loop."""
-        self._closed = True
-        if self._http is None:
-            return
-        with contextlib.suppress(RuntimeError):  # no loop runs: it went with the pool
-            self._closing = asyncio.get_running_loop().create_task(self.aclose())
 
 
 class HostedStt(OpenAIStt):

@@ -12,14 +12,13 @@ ends the server's work on it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 
 import aiohttp
 import numpy as np
 
+from voice_agent.backends.http_pool import PooledHttpClient
 from voice_agent.backends.registry import BackendUnavailable
-from voice_agent.backends.samples import Samples
 from voice_agent.config import Settings
 
 OPENAI_PCM_RATE = 24_000
@@ -31,7 +30,7 @@ class RemoteTtsError(RuntimeError):
     """The TTS server could not be reached or did not give audio."""
 
 
-class OpenAITts:
+class OpenAITts(PooledHttpClient):
     name = "openai"
 
     def __init__(
@@ -45,27 +44,15 @@ class OpenAITts:
         unix_socket: str | None = None,
         send_priority: bool = False,
     ) -> None:
-        self.url = base_url.rstrip("/") + "/audio/speech"
+        super().__init__(base_url.rstrip("/") + "/audio/speech", timeout_s, unix_socket)
         self.sample_rate = sample_rate
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._model = model
         self._voice = voice
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._unix_socket = unix_socket
         self._send_priority = send_priority
-        self._latency = Samples()
-        self._errors = 0
-        self._http: aiohttp.ClientSession | None = None  # created on the serving loop
-        self._closed = False
-        self._closing: asyncio.Task[None] | None = None
 
-    def _session(self) -> aiohttp.ClientSession:
-        if self._closed:
-            raise RemoteTtsError(f"the TTS client for {self.url} is closed")
-        if self._http is None:
-            connector = aiohttp.UnixConnector(path=self._unix_socket) if self._unix_socket else None
-            self._http = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
-        return self._http
+    def _closed_error(self) -> Exception:
+        return RemoteTtsError(f"the TTS client for {self.url} is closed")
 
     async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
         body: dict[str, object] = {
@@ -105,28 +92,6 @@ class OpenAITts:
             raise RemoteTtsError(f"TTS server {self.url} sent {rate} Hz, not {self.sample_rate}")
         self._latency.add(loop.time() - started)
         return np.frombuffer(data[: len(data) - len(data) % 2], dtype="<i2").astype(np.int16)
-
-    def stats(self) -> dict[str, object]:
-        return {
-            "backend": self.name,
-            "url": self.url,
-            "requests": self._latency.summary_ms(),
-            "errors": self._errors,
-        }
-
-    async def aclose(self) -> None:
-        self._closed = True
-        http, self._http = self._http, None
-        if http is not None:
-            await http.close()
-
-    def close(self) -> None:
-        """Synchronous callers: the pool is closed on the running loop."""
-        self._closed = True
-        if self._http is None:
-            return
-        with contextlib.suppress(RuntimeError):  # no loop runs: it went with the pool
-            self._closing = asyncio.get_running_loop().create_task(self.aclose())
 
 
 def create(settings: Settings) -> OpenAITts:

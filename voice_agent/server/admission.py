@@ -100,3 +100,9 @@ def not_serving(request: web.Request, engine: Engine) -> web.Response | None:
             503, "shutting_down", "the server is shutting down", {"Retry-After": RETRY_AFTER_S}
         )
     return None
+
+
+def server_full(max_calls: int) -> web.Response:
+    return error_response(
+        503, "server_full", f"all {max_calls} call slots are busy", {"Retry-After": RETRY_AFTER_S}
+    )

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from voice_agent.server.admission import (
     authenticate,
     not_serving,
     rate_limited,
+    server_full,
     too_many_calls,
 )
 from voice_agent.server.auth import (
@@ -156,47 +158,67 @@ async def _read_parts(request: web.Request, limit: int) -> tuple[bytes, dict[str
     return sdp, session
 
 
-async def create_call(request: web.Request) -> web.StreamResponse:
-    settings, engine = request.app[SETTINGS], request.app[ENGINE]
+@dataclass(frozen=True)
+class Offer:
+    """An offer that passed every check a new call passes, with a slot of
+    its caller's key claimed (settle it with ``settle_offer``)."""
+
+    sdp: str
+    session: dict[str, Any] | None
+    caller: Caller | None
+
+
+async def admit_offer(request: web.Request) -> Offer | web.Response:
+    """The offer, or the refusal: the address's rate, who is calling, the
+    offer itself, the models, the caller's key's calls, in that order."""
     if (refused := rate_limited(request)) is not None:
         return refused
     caller, refused = authenticate(request)
     if refused is not None:
         return refused
     try:
-        sdp, session_config = await read_offer(request, settings.max_offer_bytes)
+        sdp, session = await read_offer(request, request.app[SETTINGS].max_offer_bytes)
     except OfferError as exc:
         return error_response(exc.status, exc.code, str(exc))
-    session_config = with_bound_session(caller, session_config)
-    if (refused := not_serving(request, engine)) is not None:
+    if (refused := not_serving(request, request.app[ENGINE])) is not None:
         return refused
-    models = engine.models
-    assert models is not None  # not_serving refuses until they are loaded
     if (refused := too_many_calls(request, caller)) is not None:
         return refused
-    response: web.StreamResponse | None = None
+    return Offer(sdp, with_bound_session(caller, session), caller)
+
+
+def settle_offer(request: web.Request, offer: Offer, answer: web.StreamResponse | None) -> None:
+    """The call the offer made counts against its key until it ends; an
+    offer that made none gives its key's slot back."""
+    auth = request.app[AUTH]
+    location = answer.headers.get("Location") if answer is not None else None
+    if answer is not None and answer.status == 201 and location:
+        auth.bind_call(location.rsplit("/", 1)[-1], offer.caller)
+    else:
+        auth.release_call(offer.caller)
+
+
+async def create_call(request: web.Request) -> web.StreamResponse:
+    offer = await admit_offer(request)
+    if isinstance(offer, web.Response):
+        return offer
+    answer: web.StreamResponse | None = None
     try:
-        response = await _make_call(request, sdp, session_config, caller)
-        return response
+        answer = await _make_call(request, offer.sdp, offer.session)
+        return answer
     finally:
-        if response is None or response.status != 201:
-            request.app[AUTH].release_call(caller)
+        settle_offer(request, offer, answer)
 
 
 async def _make_call(
-    request: web.Request, sdp: str, session_config: dict[str, Any] | None, caller: Caller | None
+    request: web.Request, sdp: str, session_config: dict[str, Any] | None
 ) -> web.StreamResponse:
     settings, engine, calls = request.app[SETTINGS], request.app[ENGINE], request.app[CALLS]
     models = engine.models
     assert models is not None
     if not calls.reserve():
         calls.refused_full += 1
-        return error_response(
-            503,
-            "server_full",
-            f"all {calls.max_calls} call slots are busy",
-            {"Retry-After": RETRY_AFTER_S},
-        )
+        return server_full(calls.max_calls)
     call: Call | None = None
     try:
         call = Call(
@@ -226,7 +248,6 @@ async def _make_call(
         raise
     finally:
         calls.release_reservation()
-    request.app[AUTH].bind_call(call.id, caller)
     calls.add(call)
     log.info("call created", extra={"call_id": call.id, "calls": len(calls)})
     return web.Response(
@@ -451,10 +472,13 @@ __all__ = [
     "RETRY_AFTER_S",
     "SETTINGS",
     "Call",
+    "Offer",
+    "admit_offer",
     "authenticate",
     "build_app",
     "error_response",
     "not_serving",
     "rate_limited",
+    "settle_offer",
     "too_many_calls",
 ]

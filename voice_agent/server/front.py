@@ -33,22 +33,18 @@ from voice_agent.server.admission import (
     ENGINE,
     OFFER_LIMITS,
     RETRY_AFTER_S,
-    SETTINGS,
     SHUTTING_DOWN,
-    authenticate,
-    not_serving,
-    rate_limited,
-    too_many_calls,
+    server_full,
 )
 from voice_agent.server.app import (
     CALLS_PATH,
-    OfferError,
     add_shared_routes,
+    admit_offer,
     new_app,
     new_runner,
-    read_offer,
+    settle_offer,
 )
-from voice_agent.server.auth import AUTH, with_bound_session
+from voice_agent.server.auth import AUTH
 from voice_agent.server.errors import error_response
 from voice_agent.server.metrics import LiveState, merge, metrics_response, render, scrape
 from voice_agent.server.speech_api import add_speech_routes
@@ -76,33 +72,16 @@ def _unavailable(message: str) -> web.Response:
 
 
 async def create_call(request: web.Request) -> web.StreamResponse:
-    settings, engine, pool = request.app[SETTINGS], request.app[ENGINE], request.app[POOL]
-    if (refused := rate_limited(request)) is not None:
-        return refused
-    caller, refused = authenticate(request)
-    if refused is not None:
-        return refused
+    # Bad offers are refused here, before any worker is involved.
+    offer = await admit_offer(request)
+    if isinstance(offer, web.Response):
+        return offer
+    answer: web.Response | None = None
     try:
-        # Bad offers are refused here, before any worker is involved.
-        sdp, session_config = await read_offer(request, settings.max_offer_bytes)
-    except OfferError as exc:
-        return error_response(exc.status, exc.code, str(exc))
-    session_config = with_bound_session(caller, session_config)
-    if (refused := not_serving(request, engine)) is not None:
-        return refused
-    if (refused := too_many_calls(request, caller)) is not None:
-        return refused
-    response: web.Response | None = None
-    try:
-        response = await _admit(pool, sdp, session_config, request.remote)
-        return response
+        answer = await _admit(request.app[POOL], offer.sdp, offer.session, request.remote)
+        return answer
     finally:
-        auth = request.app[AUTH]
-        location = response.headers.get("Location") if response is not None else None
-        if response is not None and response.status == 201 and location:
-            auth.bind_call(location.rsplit("/", 1)[-1], caller)
-        else:
-            auth.release_call(caller)
+        settle_offer(request, offer, answer)
 
 
 async def _admit(
@@ -114,12 +93,7 @@ async def _admit(
         if pool.up == 0:
             return _unavailable("no media worker is running (one is being restarted)")
         pool.refused_full += 1
-        return error_response(
-            503,
-            "server_full",
-            f"all {pool.max_calls} call slots are busy",
-            {"Retry-After": RETRY_AFTER_S},
-        )
+        return server_full(pool.max_calls)
     answer: web.Response | None = None
     try:
         answer = await _forward_offer(worker, sdp, session_config, client)
@@ -188,12 +162,7 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
         auth.release_call(caller)
         if worker is None and pool.up > 0:
             pool.refused_full += 1
-            return error_response(
-                503,
-                "server_full",
-                f"all {pool.max_calls} call slots are busy",
-                {"Retry-After": RETRY_AFTER_S},
-            )
+            return server_full(pool.max_calls)
         return _unavailable("no media worker can take the call")
     call_id = new_id(f"rtc_w{worker.index}")
     headers = {CALL_ID_HEADER: call_id}
