@@ -22,6 +22,7 @@ from aiortc.sdp import SessionDescription
 from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
+from voice_agent.loop_health import LoopHealthMonitor
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.calls import CallRegistry
@@ -39,6 +40,7 @@ SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
 # Set once shutdown begins (an Event: the app itself is frozen by then).
 SHUTTING_DOWN: web.AppKey[asyncio.Event] = web.AppKey("shutting_down", asyncio.Event)
 OFFER_LIMITS: web.AppKey[OfferRateLimiter] = web.AppKey("offer_limits", OfferRateLimiter)
+LOOP_HEALTH: web.AppKey[LoopHealthMonitor] = web.AppKey("loop_health", LoopHealthMonitor)
 
 CALLS_PATH = "/v1/realtime/calls"
 RETRY_AFTER_S = "5"
@@ -286,6 +288,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
             },
             "stt": stt_stats(request.app[ENGINE], calls),
             "llm": request.app[ENGINE].llm_health(),
+            "loop": request.app[LOOP_HEALTH].snapshot(),
         }
     )
 
@@ -350,6 +353,8 @@ def build_app(settings: Settings, engine: Engine) -> web.Application:
     app[CALLS] = CallRegistry(settings.max_calls)
     app[OFFER_LIMITS] = OfferRateLimiter(settings.offers_per_minute)
     app[SHUTTING_DOWN] = asyncio.Event()
+    loop_health = app[LOOP_HEALTH] = LoopHealthMonitor(settings.loop_stall_ms / 1000.0)
+    app.cleanup_ctx.append(lambda _app: loop_health.run())
     app.router.add_post(CALLS_PATH, create_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_get("/healthz", healthz)
