@@ -278,6 +278,12 @@ def mutate(sdp: str, prefix: str, replacement: str) -> str:
         ("m=audio", "m=audio 9 UDP/TLS/RTP/SAVPF 300", "invalid RTP payload type"),
         ("m=audio", "m=audio nine UDP/TLS/RTP/SAVPF 111", "malformed media line"),
         ("c=", "c=IN IP4", "malformed connection line"),
+        # Found by tests/test_fuzz.py: each was a 500 (AttributeError in
+        # aiortc answering, or closing, a connection without a transport).
+        ("a=mid:0", "a=mid:9", "BUNDLE names '0'"),
+        ("a=sendrecv", "a=mid:1", "a second media id"),
+        ("m=audio", "m=text 9 UDP/TLS/RTP/SAVPF 111", "BUNDLE names '0'"),
+        ("a=rtcp:", "a=rtcp", "could not be parsed"),
     ],
 )
 async def test_offers_with_a_malformed_line_are_400_naming_it(

@@ -224,6 +224,10 @@ class Call:
         finally:
             try:
                 await self.pc.close()
+            except Exception:
+                # aiortc can fail half-way through closing a connection whose
+                # negotiation broke; the call is released all the same.
+                log.exception("closing the peer connection failed", extra={"call_id": self.id})
             finally:
                 self.closed.set()
                 self._on_closed(self)
