@@ -341,3 +341,17 @@ async def test_a_client_over_its_offer_rate_gets_429_and_others_do_not(
     async with http.get(server.url + "/v1/stats") as response:
         assert (await response.json())["refused_rate_limited"] == 1
     assert len(server.calls) == 0
+
+
+async def test_no_such_route_or_method_gets_the_json_error_shape(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    async with http.get(server.url + CALLS) as response:
+        assert response.status == 405 and "POST" in response.headers["Allow"]
+        error = (await response.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "method_not_allowed"
+    assert "GET /v1/realtime/calls" in error["message"]
+    async with http.post(server.url + CALLS + "/rtc_x/y", data=b"") as response:
+        assert response.status == 404
+        assert (await response.json())["error"]["code"] == "not_found"

@@ -337,6 +337,31 @@ def cors_middleware(origins: list[str]) -> Any:
     return middleware
 
 
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The errors aiohttp answers itself (no such route, a method a route
+    does not take) in the same JSON shape as ours, and a bug of ours as a
+    JSON 500 rather than aiohttp's text page."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = exc.reason.lower().replace(" ", "_")
+        kept = {
+            k: v
+            for k, v in exc.headers.items()
+            if k.lower() not in ("content-type", "content-length")
+        }
+        message = f"{exc.reason}: {request.method} {request.path[:100]}"
+        return error_response(exc.status, code, message, kept)
+    except ConnectionError:  # the client is gone: nobody to answer
+        raise
+    except Exception:
+        log.exception("request failed", extra={"method": request.method, "path": request.path})
+        return error_response(500, "internal_error", "the server failed to handle this request")
+
+
 async def index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
@@ -344,7 +369,7 @@ async def index(request: web.Request) -> web.StreamResponse:
 def build_app(settings: Settings, engine: Engine) -> web.Application:
     # aiohttp's own body limit sits above ours so oversized offers get our 413.
     app = web.Application(
-        middlewares=[cors_middleware(settings.cors_origins)],
+        middlewares=[cors_middleware(settings.cors_origins), json_errors],
         client_max_size=settings.max_offer_bytes * 2,
     )
     app[SETTINGS] = settings
