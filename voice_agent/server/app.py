@@ -8,7 +8,6 @@ refused without leaving anything behind.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
@@ -19,6 +18,7 @@ import aiohttp.http_exceptions
 from aiohttp import BodyPartReader, web
 from aiortc.sdp import SessionDescription
 
+from voice_agent import strict_json
 from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
@@ -147,9 +147,9 @@ async def _read_parts(request: web.Request, limit: int) -> tuple[bytes, dict[str
             sdp = data
         elif part.name == "session":
             try:
-                parsed = json.loads(data)
-            except (ValueError, RecursionError):  # bad JSON or UTF-8, absurd nesting
-                raise OfferError(400, "invalid_session", "'session' is not valid JSON") from None
+                parsed = strict_json.loads(data)
+            except strict_json.JsonRefused as exc:
+                raise OfferError(400, "invalid_session", f"'session' is not JSON: {exc}") from None
             if not isinstance(parsed, dict):
                 raise OfferError(400, "invalid_session", "'session' must be a JSON object")
             session = parsed
