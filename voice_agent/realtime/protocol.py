@@ -411,6 +411,18 @@ class RealtimeProtocol:
             },
         }
 
+    def undeliverable(self, kind: str | None, size: int) -> JsonDict:
+        """The error sent in place of an event too large for the peer."""
+        return {
+            "event_id": new_id("event"),
+            **self._error(
+                "invalid_request_error",
+                "event_too_large",
+                f"a {kind or 'server'} event of {size} bytes is larger than this peer "
+                "accepts (its max-message-size); it was not sent",
+            ),
+        }
+
     # -- inbound ------------------------------------------------------------
     def _drop_flooded(self) -> None:
         """Drop an event over the session's rate; say so at most once a

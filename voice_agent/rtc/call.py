@@ -28,6 +28,7 @@ from aiortc import (
 
 from voice_agent.config import Settings
 from voice_agent.realtime.protocol import RealtimeProtocol
+from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import pump_inbound_audio
 from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.session import Models, SessionConfig, VoiceSession
@@ -73,6 +74,7 @@ class Call:
         voice_name: str,
         on_closed: Callable[[Call], None],
     ) -> None:
+        contain_bad_messages()
         self.id = call_id
         self.settings = settings
         self._on_closed = on_closed
@@ -132,7 +134,7 @@ class Call:
         channel.on("message", self.protocol.on_client_message)
         self.protocol.send_session_created()
         while self._early_events:
-            channel.send(self._early_events.popleft())
+            self._deliver(channel, self._early_events.popleft(), None)
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState
@@ -168,14 +170,23 @@ class Call:
         if channel is None:
             self._early_events.append(text)
         elif channel.readyState == "open":
-            try:
-                channel.send(text)
-            except Exception:  # e.g. larger than the peer accepts: drop it, keep the call
-                log.warning(
-                    "event not sent",
-                    exc_info=True,
-                    extra={"call_id": self.id, "type": event.get("type")},
-                )
+            self._deliver(channel, text, event.get("type"))
+
+    def _deliver(self, channel: RTCDataChannel, text: str, kind: str | None) -> None:
+        try:
+            channel.send(text)
+        except ValueError:
+            # Larger than the peer accepts (its max-message-size), e.g. the
+            # session echoed with huge instructions: say so instead of
+            # leaving the client waiting for it.
+            log.warning(
+                "event too large to send",
+                extra={"call_id": self.id, "type": kind, "chars": len(text)},
+            )
+            with contextlib.suppress(Exception):
+                channel.send(json.dumps(self.protocol.undeliverable(kind, len(text))))
+        except Exception:  # drop it, keep the call
+            log.warning("event not sent", exc_info=True, extra={"call_id": self.id, "type": kind})
 
     # -- teardown ------------------------------------------------------------
     def _spawn(self, coro: Any, name: str) -> None:
