@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,8 +12,8 @@ import pytest
 from aiortc import RTCPeerConnection
 
 from tests.conftest import ServerFactory
+from tests.leaks import assert_nothing_left, held
 from voice_agent.client import RealtimeClient
-from voice_agent.rtc.call import Call
 
 CALLS = "/v1/realtime/calls"
 
@@ -202,10 +201,6 @@ async def test_health_and_readiness(
         assert response.status == 200 and (await response.json())["ready"] is True
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 async def test_fifty_bad_requests_leave_nothing_behind(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
@@ -219,22 +214,14 @@ async def test_fifty_bad_requests_leave_nothing_behind(
     ]
     # Warm up once so lazily created pools don't count as leaks.
     await post(http, server.url, b"nonsense")
-    gc.collect()
-    tasks_before = len(asyncio.all_tasks())
-    fds_before = open_fds()
-    calls_before = sum(isinstance(o, Call) for o in gc.get_objects())
-    pcs_before = sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects())
+    before = held()
     for i in range(50):
         body, content_type = bodies[i % len(bodies)]
         status, _, _ = await post(http, server.url, body, content_type)
         assert status in (400, 413, 415)
     await asyncio.sleep(0.1)
-    gc.collect()
     assert len(server.calls) == 0
-    assert len(asyncio.all_tasks()) <= tasks_before
-    assert open_fds() <= fds_before + 2  # the client's keep-alive pool may settle
-    assert sum(isinstance(o, Call) for o in gc.get_objects()) == calls_before
-    assert sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects()) == pcs_before
+    assert_nothing_left(before)
 
 
 async def test_a_malformed_offer_never_reaches_a_peer_connection(
