@@ -65,13 +65,13 @@ async def test_a_300_ms_stall_is_logged_naming_its_culprit_and_the_call_keeps_ti
             )
             client.send({"type": "response.create"})
             await asyncio.wait_for(talking, 30)
-            assert catcher.records == []
+            # (A busy host may add stalls of its own, named as such: not ours.)
+            ours = catcher.wait_for(lambda r: "block_the_loop_for" in r.getMessage())
             async with http.get(server.url + "/test/stall") as response:
                 assert response.status == 200
-            await asyncio.wait_for(catcher.arrived.wait(), 2)
+            record = await asyncio.wait_for(ours, 2)
 
             # Logged, naming the function that blocked and the task it ran in.
-            (record,) = catcher.records
             message = record.getMessage()
             assert "event loop blocked for" in message and "block_the_loop_for" in message
             assert record.blocked_ms >= (STALL_S - monitor.interval_s) * 1000 - 5  # type: ignore[attr-defined]
@@ -84,23 +84,26 @@ async def test_a_300_ms_stall_is_logged_naming_its_culprit_and_the_call_keeps_ti
             # Shown in /v1/stats.
             async with http.get(server.url + "/v1/stats") as response:
                 loop = (await response.json())["loop"]
-            assert loop["stalls"] == 1 and loop["stall_threshold_ms"] == 100
+            assert loop["stalls"] >= 1 and loop["stall_threshold_ms"] == 100
             assert loop["lag_max_ms"] >= (STALL_S - monitor.interval_s) * 1000 - 5
             assert loop["lag_p50_ms"] <= loop["lag_p99_ms"] <= loop["lag_max_ms"]
-            (slowest,) = loop["slowest"]
-            assert "block_the_loop_for" in slowest["culprit"]
-            assert slowest["blocked_ms"] == round(record.blocked_ms, 1)  # type: ignore[attr-defined]
+            (shown,) = [s for s in loop["slowest"] if "block_the_loop_for" in s["culprit"]]
+            assert shown["blocked_ms"] == round(record.blocked_ms, 1)  # type: ignore[attr-defined]
+            assert any("time.sleep(seconds)" in line for line in shown["stack"])
 
             # The call felt it, caught up (no resync: under 0.5 s), and then
-            # every frame of the next second went out on time.
+            # the next second's frames went out on schedule: a pacer still
+            # behind would have all 50 late. Late ones there can only come from
+            # another stall (a busy host starving the process), which the
+            # monitor then saw too.
             assert call.output.stats.max_late_ms >= 200 and call.output.stats.resyncs == 0
             await asyncio.sleep(0.2)  # the frames due during the stall go out at once
-            before = replace(call.output.stats)
+            before, stalls = replace(call.output.stats), monitor.stalls_total
             await asyncio.sleep(1.0)
             after = call.output.stats
-            assert after.frames - before.frames >= 45
-            assert after.late_over_20ms == before.late_over_20ms
-            assert after.resyncs == 0
+            assert 45 <= after.frames - before.frames <= 55 and after.resyncs == 0
+            late = after.late_over_20ms - before.late_over_20ms
+            assert late <= 5 or monitor.stalls_total > stalls, (late, monitor.snapshot())
             await client.hangup(http)
         # Nothing left running once the server is gone.
         assert not monitor.running
@@ -116,14 +119,19 @@ async def test_a_blocking_callback_is_named_by_its_handle_and_short_ones_are_not
         try:
             loop.call_soon(block_the_loop_for, 0.02)  # well under the threshold
             await asyncio.sleep(0.2)
-            assert monitor.snapshot()["stalls"] == 0
             loop.call_soon(block_the_loop_for, 0.25)
-            await asyncio.wait_for(catcher.arrived.wait(), 2)
+            record = await asyncio.wait_for(
+                catcher.wait_for(
+                    lambda r: "block_the_loop_for(0.25)" in str(r.__dict__.get("handle"))
+                ),
+                2,
+            )
         finally:
             monitor.stop()
-    (record,) = catcher.records
-    assert "block_the_loop_for(0.25)" in (record.handle or "")  # type: ignore[attr-defined]
     assert record.task is None  # type: ignore[attr-defined]  # a plain callback, no task
+    assert "block_the_loop_for" in record.culprit  # type: ignore[attr-defined]
+    # The short one was no stall (a busy host may add stalls of its own, not named so).
+    assert not any("(0.02)" in str(r.__dict__.get("handle")) for r in catcher.records)
     snapshot = monitor.snapshot()
-    assert snapshot["stalls"] == 1 and snapshot["lag_max_ms"] >= 140
+    assert snapshot["stalls"] >= 1 and snapshot["lag_max_ms"] >= 140
     assert not monitor.running and watchdog_threads() == watchdogs_before

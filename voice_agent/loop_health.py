@@ -11,9 +11,11 @@ the loop gets going again the late heartbeat records the stall with that
 sample and logs a warning naming the culprit.
 
 asyncio's debug mode (``slow_callback_duration``) times every callback
-exactly, but at a cost on every callback (bench/loop_health.py measures it);
-this costs one timer callback per interval on the loop, and a thread that
-wakes about once per stall threshold.
+exactly, but it also records a traceback for every callback scheduled: a
+task step took 20-50x as long in bench/loop_health.py. This costs one timer
+callback per interval and a thread that wakes about once per stall
+threshold: 0.17 % of one core on an idle loop, nothing measurable per
+callback on a busy one.
 """
 
 from __future__ import annotations
