@@ -4,6 +4,7 @@ shown in /v1/stats, and a call's outbound audio keeps time afterwards."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -135,3 +136,19 @@ async def test_a_blocking_callback_is_named_by_its_handle_and_short_ones_are_not
     snapshot = monitor.snapshot()
     assert snapshot["stalls"] >= 1 and snapshot["lag_max_ms"] >= 140
     assert not monitor.running and watchdog_threads() == watchdogs_before
+
+
+async def test_a_loop_still_blocked_is_reported_while_it_lasts() -> None:
+    """A loop that never gets going again cannot log its own stall: the
+    watchdog says so itself, naming the culprit, once it has lasted."""
+    monitor = LoopHealthMonitor(stall_threshold_s=0.05, hung_after_s=0.2)
+    with Logged("voice_agent.loop_health", logging.ERROR) as catcher:
+        monitor.start()
+        try:
+            hung = catcher.wait_for(lambda r: "so far" in r.getMessage())
+            block_the_loop_for(0.5)  # the record arrives from the watchdog meanwhile
+            record = await asyncio.wait_for(hung, 2)
+        finally:
+            monitor.stop()
+    assert "block_the_loop_for" in record.getMessage()
+    assert record.threadName == "loop-health-watchdog"

@@ -87,8 +87,10 @@ class LoopHealthMonitor:
         stall_threshold_s: float = 0.1,
         interval_s: float = HEARTBEAT_INTERVAL_S,
         window_s: float = WINDOW_S,
+        hung_after_s: float = HUNG_AFTER_S,
     ) -> None:
         self.stall_threshold_s = stall_threshold_s
+        self.hung_after_s = hung_after_s
         self.interval_s = interval_s
         self.window_s = window_s
         self._lags: deque[float] = deque(maxlen=max(1, round(window_s / interval_s)))
@@ -215,7 +217,7 @@ class LoopHealthMonitor:
                 sample = self._sample_loop()
                 with self._lock:
                     self._sample = (due, sample)
-            elif overdue >= HUNG_AFTER_S and due != hung_told:
+            elif overdue >= self.hung_after_s and due != hung_told:
                 hung_told = due
                 sample = self._sample_loop()
                 log.error(
