@@ -11,9 +11,12 @@ import aiohttp
 import pytest
 from aiortc import RTCPeerConnection
 
+from tests import conftest
 from tests.conftest import ServerFactory
 from tests.leaks import assert_nothing_left, held
+from tests.scripted_llm import close_quietly, engine_with_llm, make_llm, scripted_llm_server
 from voice_agent.client import RealtimeClient
+from voice_agent.engine import Engine
 
 CALLS = "/v1/realtime/calls"
 
@@ -140,6 +143,31 @@ async def test_a_call_that_never_connects_is_released(
     assert len(server.calls) == 1
     await pc.close()  # never applies the answer: no ICE, no DTLS
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+
+
+async def test_an_offer_that_never_connects_costs_the_llm_nothing(
+    engine: Engine, http: aiohttp.ClientSession
+) -> None:
+    """The LLM prefill starts once the caller is connected: a burst of offers
+    hung up at once left the model busy with prompts for calls long gone
+    (found as a slow real call after the fuzzer's 200 short-lived calls)."""
+    async with scripted_llm_server() as peer:
+        llm = make_llm("chat-completions", peer.base_url)
+        prefilled = engine_with_llm(engine, llm, llm_prefill=True)
+        settings = conftest.test_settings(connect_timeout_s=1.0)
+        async with conftest.run_server(settings, prefilled) as server:
+            pc, offer = await real_offer()
+            status, _, _ = await post(http, server.url, offer)
+            assert status == 201
+            await pc.close()  # never applies the answer: never connects
+            await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+            assert peer.requests == []
+            client = RealtimeClient(server.url)
+            await client.connect(http)
+            await asyncio.wait_for(peer.arrived.wait(), 5)  # the caller's prefill
+            assert len(peer.requests) == 1
+            await client.hangup(http)
+        await close_quietly(llm)
 
 
 async def test_a_peer_that_disappears_is_released(

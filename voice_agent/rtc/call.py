@@ -107,7 +107,6 @@ class Call:
         self.pc.addTrack(self.output)
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
-        self.session.prefill_next_turn()
         loop = asyncio.get_running_loop()
         self._connect_timer = loop.call_later(
             self.settings.connect_timeout_s, self._timeout, "connect_timeout"
@@ -140,6 +139,10 @@ class Call:
         state = self.pc.connectionState
         log.info("peer connection state", extra={"call_id": self.id, "state": state})
         if state == "connected":
+            if not self.connected.is_set():
+                # LLM work only for a caller who is there: an offer that
+                # never connects (or is hung up at once) costs the model nothing.
+                self.session.prefill_next_turn()
             self.connected.set()
             for timer in (self._connect_timer, self._lost_timer):
                 if timer is not None:
