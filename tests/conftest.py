@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -81,8 +81,12 @@ ServerFactory = Callable[..., Awaitable[RunningServer]]
 
 
 @asynccontextmanager
-async def run_server(settings: Settings, engine: Engine) -> AsyncIterator[RunningServer]:
+async def run_server(
+    settings: Settings, engine: Engine, routes: Sequence[web.RouteDef] = ()
+) -> AsyncIterator[RunningServer]:
+    """The real app on a free loopback port; ``routes`` adds test-only routes."""
     app = build_app(settings, engine)
+    app.add_routes(routes)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)  # as cli.serve
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -20,6 +20,7 @@ from tests.scripted_llm import (
 )
 from voice_agent.backends.llm_http import HttpLlmConfig
 from voice_agent.engine import Engine
+from voice_agent.strict_json import MAX_DEPTH
 
 SECRET = "sk-server-secret"
 
@@ -131,3 +132,27 @@ async def test_the_proxy_is_off_by_default(
     server = await server_factory()
     async with http.post(server.url + "/v1/chat/completions", json={}) as response:
         assert response.status in (404, 405)
+
+
+async def test_json_nested_past_the_limit_is_refused_at_any_depth(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    """Python's parser takes JSON nested about 990 deep, but writing it out
+    again, further down the stack, on its way to the model, fails for a band
+    of depths just under that (a 500 before the limit existed)."""
+    settings = conftest.test_settings(enable_llm_proxy=True)
+    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+        url = server.url + "/v1/chat/completions"
+        for depth in (MAX_DEPTH + 1, 500, *range(900, 1000, 2), 5000):
+            body = '{"messages": [], "tools": ' + "[" * depth + "]" * depth + "}"
+            async with http.post(url, data=body) as response:
+                assert response.status == 400, depth
+                error = (await response.json())["error"]
+                assert error["code"] == "invalid_body" and "nested" in error["message"]
+            async with http.post(url, data=b'{"temperature": NaN}') as response:
+                assert response.status == 400
+        assert peer.requests == []
+        peer.add(Script(text_events("chat-completions", "Deep enough.")))
+        body = '{"messages": [], "tools": ' + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "}"
+        async with http.post(url, data=body) as response:
+            assert response.status == 200 and "Deep enough." in await response.text()

@@ -12,6 +12,15 @@ from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.session import VoiceSession
 
+# A tool schema nested past the limit: once taken, every echo of the session
+# and every LLM request with the tools could fail to serialize.
+DEEP_TOOLS = json.dumps(
+    {
+        "type": "session.update",
+        "session": {"tools": [{"type": "function", "name": "f", "parameters": {}}]},
+    }
+).replace("{}", '{"a": ' * 100 + "1" + "}" * 100)
+
 
 @pytest.fixture
 def wire(engine: Engine) -> tuple[RealtimeProtocol, list[dict[str, Any]]]:
@@ -48,6 +57,8 @@ def wire(engine: Engine) -> tuple[RealtimeProtocol, list[dict[str, Any]]]:
         ('{"type": "response.cancel"}', "response_cancel_not_active"),
         ("x" * 300_000, "event_too_large"),
         ("[" * 5000 + "]" * 5000, "invalid_json"),
+        ('{"type": "session.update", "session": {"instructions": NaN}}', "invalid_json"),
+        (DEEP_TOOLS, "invalid_json"),
     ],
 )
 async def test_bad_client_events_get_an_error_event(
@@ -60,6 +71,16 @@ async def test_bad_client_events_get_an_error_event(
     assert event["type"] == "error" and event["event_id"]
     assert event["error"]["code"] == code
     assert event["error"]["message"]
+
+
+async def test_a_refused_event_changes_nothing(
+    wire: tuple[RealtimeProtocol, list[dict[str, Any]]],
+) -> None:
+    protocol, sent = wire
+    protocol.on_client_message(DEEP_TOOLS)
+    assert sent[0]["error"]["code"] == "invalid_json"
+    assert "nested more than" in sent[0]["error"]["message"]
+    assert protocol.session.client_tools == []
 
 
 async def test_the_client_event_id_is_echoed_in_errors(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,9 +11,12 @@ import aiohttp
 import pytest
 from aiortc import RTCPeerConnection
 
+from tests import conftest
 from tests.conftest import ServerFactory
+from tests.leaks import assert_nothing_left, held
+from tests.scripted_llm import close_quietly, engine_with_llm, make_llm, scripted_llm_server
 from voice_agent.client import RealtimeClient
-from voice_agent.rtc.call import Call
+from voice_agent.engine import Engine
 
 CALLS = "/v1/realtime/calls"
 
@@ -131,6 +133,31 @@ async def test_unknown_call_is_404(
         assert (await response.json())["error"]["code"] == "call_not_found"
 
 
+async def test_an_offer_that_never_connects_costs_the_llm_nothing(
+    engine: Engine, http: aiohttp.ClientSession
+) -> None:
+    """The LLM prefill starts once the caller is connected: a burst of offers
+    hung up at once left the model busy with prompts for calls long gone
+    (found as a slow real call after the fuzzer's 200 short-lived calls)."""
+    async with scripted_llm_server() as peer:
+        llm = make_llm("chat-completions", peer.base_url)
+        prefilled = engine_with_llm(engine, llm, llm_prefill=True)
+        settings = conftest.test_settings(connect_timeout_s=1.0)
+        async with conftest.run_server(settings, prefilled) as server:
+            pc, offer = await real_offer()
+            status, _, _ = await post(http, server.url, offer)
+            assert status == 201
+            await pc.close()  # never applies the answer: never connects
+            await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+            assert peer.requests == []
+            client = RealtimeClient(server.url)
+            await client.connect(http)
+            await asyncio.wait_for(peer.arrived.wait(), 5)  # the caller's prefill
+            assert len(peer.requests) == 1
+            await client.hangup(http)
+        await close_quietly(llm)
+
+
 async def test_a_peer_that_disappears_is_released(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
@@ -190,10 +217,6 @@ async def test_health_and_readiness(
         assert response.status == 200 and (await response.json())["ready"] is True
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 async def test_fifty_bad_requests_leave_nothing_behind(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
@@ -207,22 +230,14 @@ async def test_fifty_bad_requests_leave_nothing_behind(
     ]
     # Warm up once so lazily created pools don't count as leaks.
     await post(http, server.url, b"nonsense")
-    gc.collect()
-    tasks_before = len(asyncio.all_tasks())
-    fds_before = open_fds()
-    calls_before = sum(isinstance(o, Call) for o in gc.get_objects())
-    pcs_before = sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects())
+    before = held()
     for i in range(50):
         body, content_type = bodies[i % len(bodies)]
         status, _, _ = await post(http, server.url, body, content_type)
         assert status in (400, 413, 415)
     await asyncio.sleep(0.1)
-    gc.collect()
     assert len(server.calls) == 0
-    assert len(asyncio.all_tasks()) <= tasks_before
-    assert open_fds() <= fds_before + 2  # the client's keep-alive pool may settle
-    assert sum(isinstance(o, Call) for o in gc.get_objects()) == calls_before
-    assert sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects()) == pcs_before
+    assert_nothing_left(before)
 
 
 async def test_a_malformed_offer_never_reaches_a_peer_connection(
@@ -266,6 +281,12 @@ def mutate(sdp: str, prefix: str, replacement: str) -> str:
         ("m=audio", "m=audio 9 UDP/TLS/RTP/SAVPF 300", "invalid RTP payload type"),
         ("m=audio", "m=audio nine UDP/TLS/RTP/SAVPF 111", "malformed media line"),
         ("c=", "c=IN IP4", "malformed connection line"),
+        # Found by tests/test_fuzz.py: each was a 500 (AttributeError in
+        # aiortc answering, or closing, a connection without a transport).
+        ("a=mid:0", "a=mid:9", "BUNDLE names '0'"),
+        ("a=sendrecv", "a=mid:1", "a second media id"),
+        ("m=audio", "m=text 9 UDP/TLS/RTP/SAVPF 111", "BUNDLE names '0'"),
+        ("a=rtcp:", "a=rtcp", "could not be parsed"),
     ],
 )
 async def test_offers_with_a_malformed_line_are_400_naming_it(
@@ -323,3 +344,17 @@ async def test_a_client_over_its_offer_rate_gets_429_and_others_do_not(
     async with http.get(server.url + "/v1/stats") as response:
         assert (await response.json())["refused_rate_limited"] == 1
     assert len(server.calls) == 0
+
+
+async def test_no_such_route_or_method_gets_the_json_error_shape(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    async with http.get(server.url + CALLS) as response:
+        assert response.status == 405 and "POST" in response.headers["Allow"]
+        error = (await response.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "method_not_allowed"
+    assert "GET /v1/realtime/calls" in error["message"]
+    async with http.post(server.url + CALLS + "/rtc_x/y", data=b"") as response:
+        assert response.status == 404
+        assert (await response.json())["error"]["code"] == "not_found"

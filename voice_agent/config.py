@@ -347,6 +347,12 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="Logging level.")
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")
     preload: bool = Field(True, description="Load every model before accepting calls.")
+    loop_stall_ms: int = Field(
+        100,
+        ge=1,
+        description="A callback that blocks the event loop longer than this is logged as a "
+        "warning naming it, and counted in /v1/stats under loop.",
+    )
 
     @field_validator("cors_origins", "ice_servers", "ice_host_addresses", "api_keys", mode="before")
     @classmethod

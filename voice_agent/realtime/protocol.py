@@ -7,12 +7,12 @@ turns are conversation items the other events refer to by ``item_id``.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from voice_agent import strict_json
 from voice_agent.ratelimit import TokenBucket
 from voice_agent.realtime import tool_items
 from voice_agent.realtime.errors import ClientEventError as ClientEventError  # re-exported
@@ -431,6 +431,18 @@ class RealtimeProtocol:
             },
         }
 
+    def undeliverable(self, kind: str | None, size: int) -> JsonDict:
+        """The error sent in place of an event too large for the peer."""
+        return {
+            "event_id": new_id("event"),
+            **self._error(
+                "invalid_request_error",
+                "event_too_large",
+                f"a {kind or 'server'} event of {size} bytes is larger than this peer "
+                "accepts (its max-message-size); it was not sent",
+            ),
+        }
+
     # -- inbound ------------------------------------------------------------
     def _drop_flooded(self) -> None:
         """Drop an event over the session's rate; say so at most once a
@@ -460,8 +472,8 @@ class RealtimeProtocol:
             if len(raw) > MAX_CLIENT_EVENT_BYTES:
                 raise ClientEventError("event_too_large", "event exceeds 256 KiB")
             try:
-                event = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                event = strict_json.loads(raw)
+            except strict_json.JsonRefused as exc:
                 raise ClientEventError("invalid_json", f"event is not valid JSON: {exc}") from None
             if not isinstance(event, dict):
                 raise ClientEventError("invalid_event", "event must be a JSON object")

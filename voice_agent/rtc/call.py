@@ -29,6 +29,7 @@ from aiortc import (
 from voice_agent import observability
 from voice_agent.config import Settings
 from voice_agent.realtime.protocol import RealtimeProtocol
+from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
 from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.session import Models, SessionConfig, VoiceSession
@@ -76,6 +77,7 @@ class Call:
         voice_name: str,
         on_closed: Callable[[Call], None],
     ) -> None:
+        contain_bad_messages()
         self.id = call_id
         self.settings = settings
         self._on_closed = on_closed
@@ -108,7 +110,6 @@ class Call:
         self.pc.addTrack(self.output)
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
-        self.session.prefill_next_turn()
         loop = asyncio.get_running_loop()
         self._connect_timer = loop.call_later(
             self.settings.connect_timeout_s, self._timeout, "connect_timeout"
@@ -145,12 +146,16 @@ class Call:
         channel.on("message", self.protocol.on_client_message)
         self.protocol.send_session_created()
         while self._early_events:
-            channel.send(self._early_events.popleft())
+            self._deliver(channel, self._early_events.popleft(), None)
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState
         log.info("peer connection state", extra={"call_id": self.id, "state": state})
         if state == "connected":
+            if not self.connected.is_set():
+                # LLM work only for a caller who is there: an offer that
+                # never connects (or is hung up at once) costs the model nothing.
+                self.session.prefill_next_turn()
             self.connected.set()
             for timer in (self._connect_timer, self._lost_timer):
                 if timer is not None:
@@ -182,14 +187,23 @@ class Call:
         if channel is None:
             self._early_events.append(text)
         elif channel.readyState == "open":
-            try:
-                channel.send(text)
-            except Exception:  # e.g. larger than the peer accepts: drop it, keep the call
-                log.warning(
-                    "event not sent",
-                    exc_info=True,
-                    extra={"call_id": self.id, "type": event.get("type")},
-                )
+            self._deliver(channel, text, event.get("type"))
+
+    def _deliver(self, channel: RTCDataChannel, text: str, kind: str | None) -> None:
+        try:
+            channel.send(text)
+        except ValueError:
+            # Larger than the peer accepts (its max-message-size), e.g. the
+            # session echoed with huge instructions: say so instead of
+            # leaving the client waiting for it.
+            log.warning(
+                "event too large to send",
+                extra={"call_id": self.id, "type": kind, "chars": len(text)},
+            )
+            with contextlib.suppress(Exception):
+                channel.send(json.dumps(self.protocol.undeliverable(kind, len(text))))
+        except Exception:  # drop it, keep the call
+            log.warning("event not sent", exc_info=True, extra={"call_id": self.id, "type": kind})
 
     # -- teardown ------------------------------------------------------------
     def _spawn(self, coro: Any, name: str) -> None:
@@ -238,6 +252,10 @@ class Call:
         finally:
             try:
                 await self.pc.close()
+            except Exception:
+                # aiortc can fail half-way through closing a connection whose
+                # negotiation broke; the call is released all the same.
+                log.exception("closing the peer connection failed", extra={"call_id": self.id})
             finally:
                 self.closed.set()
                 self._on_closed(self)

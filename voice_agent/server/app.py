@@ -8,7 +8,6 @@ refused without leaving anything behind.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -20,9 +19,11 @@ import aiohttp.http_exceptions
 from aiohttp import BodyPartReader, web
 from aiortc.sdp import SessionDescription
 
+from voice_agent import strict_json
 from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
+from voice_agent.loop_health import LoopHealthMonitor
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc import decoder_hop
 from voice_agent.rtc.call import Call, restrict_host_addresses
@@ -60,6 +61,8 @@ from voice_agent.session.ids import new_id
 
 log = logging.getLogger(__name__)
 
+LOOP_HEALTH: web.AppKey[LoopHealthMonitor] = web.AppKey("loop_health", LoopHealthMonitor)
+
 CALLS_PATH = "/v1/realtime/calls"
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
@@ -80,7 +83,7 @@ def validate_offer(sdp: str) -> None:
     try:
         check_offer_lines(sdp)
         parsed = SessionDescription.parse(sdp)
-    except (ValueError, IndexError, KeyError, AssertionError) as exc:
+    except Exception as exc:  # parsing the client's text: whatever fails, the text is bad
         raise OfferError(400, "invalid_sdp", f"the offer could not be parsed: {exc}") from None
     audio = [media for media in parsed.media if media.kind == "audio"]
     if not audio:
@@ -147,9 +150,9 @@ async def _read_parts(request: web.Request, limit: int) -> tuple[bytes, dict[str
             sdp = data
         elif part.name == "session":
             try:
-                parsed = json.loads(data)
-            except (ValueError, RecursionError):  # bad JSON or UTF-8, absurd nesting
-                raise OfferError(400, "invalid_session", "'session' is not valid JSON") from None
+                parsed = strict_json.loads(data)
+            except strict_json.JsonRefused as exc:
+                raise OfferError(400, "invalid_session", f"'session' is not JSON: {exc}") from None
             if not isinstance(parsed, dict):
                 raise OfferError(400, "invalid_session", "'session' must be a JSON object")
             session = parsed
@@ -319,6 +322,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
             },
             "stt": stt_stats(request.app[ENGINE], calls),
             "llm": request.app[ENGINE].llm_health(),
+            "loop": request.app[LOOP_HEALTH].snapshot(),
         }
     )
 
@@ -396,6 +400,31 @@ def cors_middleware(origins: list[str]) -> Any:
     return middleware
 
 
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The errors aiohttp answers itself (no such route, a method a route
+    does not take) in the same JSON shape as ours, and a bug of ours as a
+    JSON 500 rather than aiohttp's text page."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = exc.reason.lower().replace(" ", "_")
+        kept = {
+            k: v
+            for k, v in exc.headers.items()
+            if k.lower() not in ("content-type", "content-length")
+        }
+        message = f"{exc.reason}: {request.method} {request.path[:100]}"
+        return error_response(exc.status, code, message, kept)
+    except ConnectionError:  # the client is gone: nobody to answer
+        raise
+    except Exception:
+        log.exception("request failed", extra={"method": request.method, "path": request.path})
+        return error_response(500, "internal_error", "the server failed to handle this request")
+
+
 async def index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
@@ -405,13 +434,16 @@ def new_app(settings: Settings) -> web.Application:
     process that faces clients has (one process, or the front of workers)."""
     # aiohttp's own body limit sits above ours so oversized offers get our 413.
     app = web.Application(
-        middlewares=[cors_middleware(settings.cors_origins)],
+        middlewares=[cors_middleware(settings.cors_origins), json_errors],
         client_max_size=settings.max_offer_bytes * 2,
     )
     app[SETTINGS] = settings
     app[AUTH] = Authenticator.from_settings(settings)
     app[OFFER_LIMITS] = OfferRateLimiter(settings.offers_per_minute)
     app[SHUTTING_DOWN] = asyncio.Event()
+    # Every process that runs a loop for clients watches it (the front too).
+    loop_health = app[LOOP_HEALTH] = LoopHealthMonitor(settings.loop_stall_ms / 1000.0)
+    app.cleanup_ctx.append(lambda _app: loop_health.run())
     return app
 
 
@@ -469,6 +501,7 @@ def build_app(
 __all__ = [
     "CALLS",
     "CALLS_PATH",
+    "LOOP_HEALTH",
     "RETRY_AFTER_S",
     "SETTINGS",
     "Call",

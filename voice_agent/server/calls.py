@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.outbound import PacedAudioTrack, PacingStats
 from voice_agent.session.session import VoiceSession
 
@@ -20,6 +21,7 @@ class Call(Protocol):
     id: str
     output: PacedAudioTrack
     session: VoiceSession
+    protocol: RealtimeProtocol
     closed: asyncio.Event
     close_reason: str | None
 

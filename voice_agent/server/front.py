@@ -38,6 +38,7 @@ from voice_agent.server.admission import (
 )
 from voice_agent.server.app import (
     CALLS_PATH,
+    LOOP_HEALTH,
     add_shared_routes,
     admit_offer,
     new_app,
@@ -295,6 +296,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
         "pacing": merge_pacing([w.get("pacing", {}) for w in answered]),
         "stt": stt_body,
         "llm": engine.llm_health(),
+        "loop": request.app[LOOP_HEALTH].snapshot(),  # the front's own; each worker's below
     }
     for status, worker_stats in zip(body["workers"], per_worker, strict=True):
         if worker_stats is not None:

@@ -12,7 +12,6 @@ cancelled and its ``finally`` closes the upstream connection.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from voice_agent import strict_json
 from voice_agent.backends.llm_http import HttpLlmConfig
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,9 @@ async def _read_body(request: web.Request, limit: int) -> dict[str, Any]:
     if len(raw) > limit:
         raise ValueError(f"body larger than {limit} bytes")
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ValueError("body is not valid JSON") from None
+        body = strict_json.loads(raw)
+    except strict_json.JsonRefused as exc:
+        raise ValueError(f"body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
     return body

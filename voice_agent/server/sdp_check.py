@@ -14,6 +14,7 @@ MEDIA_LINE = re.compile(r"^m=([^ ]+) ([0-9]+)(?:/[0-9]+)? ([A-Z/]+) (.+)$")
 CONNECTION = re.compile(r"^IN (IP4|IP6) ([^ ]+)$")
 # RTCP packet types 72-76 collide with RTP payload types 200-204 (RFC 5761).
 FORBIDDEN_PAYLOAD_TYPES = range(72, 77)
+BUNDLED_KINDS = ("audio", "video", "application")
 
 
 class SdpProblem(ValueError):
@@ -22,17 +23,39 @@ class SdpProblem(ValueError):
 
 def check_offer_lines(sdp: str) -> None:
     """Raise SdpProblem for the first line aiortc would trip over."""
+    mids: dict[str, str] = {}  # media section id -> the section's kind
+    kind: str | None = None  # of the media section being read
+    named = False  # the section being read has its id
+    bundles: list[tuple[int, list[str]]] = []
     for number, line in enumerate(sdp.splitlines(), start=1):
         if line.startswith("m="):
-            _media(line, number)
+            kind, named = _media(line, number), False
         elif line.startswith("c="):
             if not CONNECTION.match(line[2:]):
                 raise SdpProblem(f"line {number}: malformed connection line {line[:80]!r}")
         elif line.startswith("a=candidate:"):
             _candidate(line[len("a=candidate:") :], number)
+        elif line.startswith("a=mid:") and kind is not None:
+            mid = line[len("a=mid:") :].strip()
+            if mid in mids or named:  # aiortc would keep the last id of a section
+                raise SdpProblem(f"line {number}: a second media id {mid[:20]!r}")
+            mids[mid], named = kind, True
+        elif line.startswith("a=group:BUNDLE"):
+            bundles.append((number, line[len("a=group:BUNDLE") :].split()))
+    # aiortc gives every bundled section the first one's transport; when that
+    # id names no section it negotiates (audio, video, data), the others get
+    # none, and answering and closing fail with AttributeError.
+    for number, items in bundles:
+        for mid in items:
+            if mids.get(mid) not in BUNDLED_KINDS:
+                raise SdpProblem(
+                    f"line {number}: BUNDLE names {mid[:20]!r}, which is not the id of an "
+                    "audio, video or application section"
+                )
 
 
-def _media(line: str, number: int) -> None:
+def _media(line: str, number: int) -> str:
+    """Check a media line; its kind."""
     match = MEDIA_LINE.match(line)
     if match is None:
         raise SdpProblem(f"line {number}: malformed media line {line[:80]!r}")
@@ -40,6 +63,7 @@ def _media(line: str, number: int) -> None:
         for fmt in match.group(4).split():
             if not fmt.isdigit() or int(fmt) > 127 or int(fmt) in FORBIDDEN_PAYLOAD_TYPES:
                 raise SdpProblem(f"line {number}: invalid RTP payload type {fmt[:20]!r}")
+    return match.group(1)
 
 
 def _candidate(value: str, number: int) -> None:
