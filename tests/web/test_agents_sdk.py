@@ -34,14 +34,14 @@ KEY = "sk-test-backend"
 QUESTION = "0930"
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 
-# Records the type of every event the SDK sends on the data channel (the
-# SDK itself is untouched), so the test can say which ones it uses.
+# Records every event the SDK sends on the data channel (the SDK itself is
+# untouched), so the test can say which ones it uses.
 RECORD_SENT = """
 (() => {
   window.sent = [];
   const send = RTCDataChannel.prototype.send;
   RTCDataChannel.prototype.send = function (data) {
-    try { window.sent.push(JSON.parse(data).type); } catch { window.sent.push(null); }
+    try { window.sent.push(JSON.parse(data)); } catch { window.sent.push({ type: null }); }
     return send.call(this, data);
   };
 })();
@@ -173,8 +173,8 @@ async def test_openais_agents_sdk_holds_a_spoken_conversation_cross_origin(
 
         await page.wait_for_function(TURN_DONE, timeout=90_000)
         seen = await page.evaluate("window.seen")
-        sent = await page.evaluate("window.sent")
-        log.info("the SDK sent %s", sorted(set(sent)))
+        sent = [event["type"] for event in await page.evaluate("window.sent")]
+        log.info("the SDK sent %s", sent)
         refused = [e for e in seen["events"] if e["type"] == "error"]
         assert refused == [] and seen["errors"] == [], (refused, seen["errors"], sent)
 
