@@ -25,7 +25,13 @@ from tests.conftest import ServerFactory
 from tests.web.browser import chromium, write_capture_wav
 from tests.web.conftest import SiteFactory
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        shutil.which("node") is None or shutil.which("npm") is None,
+        reason="node and npm are needed for the @openai/agents-realtime test",
+    ),
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +92,6 @@ TURN_DONE = """
 
 def bundle_sdk(out: Path) -> Path:
     """The pinned SDK bundled as one ES module by the pinned esbuild (offline)."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are needed for the @openai/agents-realtime test")
     esbuild = SDK_DIR / "node_modules" / ".bin" / "esbuild"
     if not esbuild.exists():
         pytest.fail(f"the SDK is not installed: run `make test` (or `npm ci` in {SDK_DIR})")
