@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
 
 from tests import conftest
 from tests.ports import free_port
+from tests.realtime_events import typed
 from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
@@ -47,17 +47,6 @@ ORDER_TOOL = {
 async def peer() -> AsyncIterator[ScriptedLlmServer]:
     async with scripted_llm_server() as server:
         yield server
-
-
-def typed(text: str) -> dict[str, Any]:
-    return {
-        "type": "conversation.item.create",
-        "item": {
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": text}],
-        },
-    }
 
 
 @pytest.mark.parametrize("api", APIS)
