@@ -51,6 +51,18 @@ async def ask(client: RealtimeClient, event: dict[str, Any]) -> Any:
     return await asyncio.wait_for(client.wait_for(lambda e: True, after=mark), 5)
 
 
+async def refused(client: RealtimeClient, event: dict[str, Any]) -> Any:
+    """Send ``event`` (with an id); the error it is answered with, whatever
+    else is being sent meanwhile."""
+    event_id = f"evt_{len(client.events)}_{event['type']}"
+    mark = len(client.events)
+    client.send({**event, "event_id": event_id})
+    error = await asyncio.wait_for(
+        client.wait_for(lambda e: e.get("error", {}).get("event_id") == event_id, after=mark), 5
+    )
+    return error["error"]
+
+
 async def answered(client: RealtimeClient, response: dict[str, Any] | None = None) -> Any:
     mark = len(client.events)
     client.send({"type": "response.create", **({"response": response} if response else {})})

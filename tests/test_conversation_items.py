@@ -4,10 +4,12 @@ sent next (recorded by a scripted LLM server) follows every change."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.realtime_events import typed
-from tests.scripted_call import answered, ask, call, history, peer
+from tests.scripted_call import answered, ask, call, history, peer, refused
 from tests.scripted_llm import Script, ScriptedLlmServer, chat_text
 from voice_agent.client import RealtimeClient
 
@@ -23,7 +25,30 @@ async def test_items_are_retrieved_deleted_and_truncated_and_the_llm_sees_it(
     peer.add(Script(chat_text(REPLY)), Script(chat_text("Yes.")), Script(chat_text("Yes.")))
     added = await ask(client, typed("Count to eight."))
     question_id = added["item"]["id"]
-    first = await answered(client)
+    mark = len(client.events)
+    client.send({"type": "response.create"})
+    playing = await asyncio.wait_for(client.wait_for_type("output_audio_buffer.started"), 15)
+    (in_progress,) = [
+        e["item"]["id"]
+        for e in client.events[mark:]
+        if e["type"] == "conversation.item.added" and e["item"]["role"] == "assistant"
+    ]
+    for event in (
+        {"type": "conversation.item.delete", "item_id": in_progress},
+        {
+            "type": "conversation.item.truncate",
+            "item_id": in_progress,
+            "content_index": 0,
+            "audio_end_ms": 0,
+        },
+        {"type": "response.cancel", "response_id": "resp_other"},
+    ):
+        error = await refused(client, event)
+        assert error["code"] in ("item_in_progress", "response_cancel_not_active"), error
+    assert playing["response_id"]
+    first = (await asyncio.wait_for(client.wait_for_type("response.done", after=mark), 30))[
+        "response"
+    ]
     assert first["status"] == "completed"
     answer_id = first["output"][0]["id"]
     spoken = first["output"][0]["content"][0]["transcript"]

@@ -118,17 +118,17 @@ class ItemEvents:
             raise ClientEventError(
                 "invalid_value", "audio_end_ms must be an integer of at least 0", "audio_end_ms"
             )
+        if self.log.busy(item_id):
+            raise ClientEventError(
+                "item_in_progress",
+                f"item {item_id!r} is still in progress; cancel the response "
+                "(response.cancel) or truncate it once it is done",
+                "item_id",
+            )
         content = item.get("content") or [{}]
         if item.get("role") != "assistant" or content[0].get("type") != "output_audio":
             raise ClientEventError(
                 "invalid_value", "only an assistant's audio message can be truncated", "item_id"
-            )
-        if self.log.busy(item_id):
-            raise ClientEventError(
-                "item_in_progress",
-                f"item {item_id!r} is still being played; cancel the response "
-                "(response.cancel) or truncate it once it is done",
-                "item_id",
             )
         try:
             kept = self.session.truncate_item(item_id, audio_end_ms)

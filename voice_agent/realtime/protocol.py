@@ -699,6 +699,14 @@ class RealtimeProtocol:
             )
 
     def _response_cancel(self, event: JsonDict) -> None:
+        response_id = event.get("response_id")
+        if response_id is not None and response_id not in self._responses:
+            # One reply at a time: the one in progress is the only one to cancel.
+            raise ClientEventError(
+                "response_cancel_not_active",
+                f"Cancellation failed: no active response {response_id!r}",
+                "response_id",
+            )
         if not self.session.cancel_response("client_cancelled"):
             raise ClientEventError(
                 "response_cancel_not_active", "Cancellation failed: no active response found"
