@@ -177,10 +177,16 @@ async def test_openais_agents_sdk_holds_a_spoken_conversation_cross_origin(
 
         await page.wait_for_function(TURN_DONE, timeout=90_000)
         seen = await page.evaluate("window.seen")
-        sent = [event["type"] for event in await page.evaluate("window.sent")]
-        log.info("the SDK sent %s", sent)
+        sent = await page.evaluate("window.sent")
+        log.info("the SDK sent %s", [event["type"] for event in sent])
         refused = [e for e in seen["events"] if e["type"] == "error"]
         assert refused == [] and seen["errors"] == [], (refused, seen["errors"], sent)
+        # It asks for the transcribed item again, and gets it.
+        asked = {e["item_id"] for e in sent if e["type"] == "conversation.item.retrieve"}
+        retrieved = {
+            e["item"]["id"] for e in seen["events"] if e["type"] == "conversation.item.retrieved"
+        }
+        assert asked and asked <= retrieved, (asked, retrieved)
 
         (heard,) = texts(seen["history"], "user")
         assert word_error_rate(reference(QUESTION), heard) <= 0.3, heard
