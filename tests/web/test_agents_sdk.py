@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -90,27 +89,21 @@ TURN_DONE = """
 """
 
 
-def bundle_sdk(out: Path) -> Path:
+async def bundle_sdk(out: Path) -> Path:
     """The pinned SDK bundled as one ES module by the pinned esbuild (offline)."""
     esbuild = SDK_DIR / "node_modules" / ".bin" / "esbuild"
     if not esbuild.exists():
-        pytest.fail(f"the SDK is not installed: run `make test` (or `npm ci` in {SDK_DIR})")
+        pytest.fail(f"the SDK is not installed: run `make agents-sdk` (npm ci in {SDK_DIR})")
     bundle = out / "agents-realtime.js"
-    subprocess.run(
-        [
-            str(esbuild),
-            "entry.js",
-            "--bundle",
-            "--format=esm",
-            "--platform=browser",
-            "--target=es2022",
-            "--log-level=warning",
-            f"--outfile={bundle}",
-        ],
+    process = await asyncio.create_subprocess_exec(
+        *(esbuild, "entry.js", "--bundle", "--format=esm", "--platform=browser"),
+        *("--target=es2022", "--log-level=warning", f"--outfile={bundle}"),
         cwd=SDK_DIR,
-        check=True,
-        timeout=60,
+        stderr=asyncio.subprocess.PIPE,
     )
+    async with asyncio.timeout(60):
+        _, stderr = await process.communicate()
+    assert process.returncode == 0, stderr.decode()
     return bundle
 
 
@@ -148,7 +141,7 @@ async def test_openais_agents_sdk_holds_a_spoken_conversation_cross_origin(
     http: aiohttp.ClientSession,
     tmp_path: Path,
 ) -> None:
-    bundle = bundle_sdk(tmp_path)
+    bundle = await bundle_sdk(tmp_path)
     site = await site_factory(
         "<!doctype html><link rel=icon href=data:,><title>customer app</title>",
         {"/agents-realtime.js": bundle},
