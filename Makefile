@@ -28,13 +28,15 @@ LLAMA_SERVER_DIR := .cache/llama-server-$(LLAMA_KEY)
 LLAMA_SERVER_STAMP := $(VENV)/.installed-llama-server-$(LLAMA_KEY)
 STAMP := $(VENV)/.installed
 PARAKEET_STAMP := $(VENV)/.installed-parakeet
+AGENTS_SDK := tests/web/agents-sdk
+AGENTS_SDK_STAMP := $(AGENTS_SDK)/node_modules/.installed
 
-.PHONY: run test lint typecheck unit bench install install-parakeet check clean
+.PHONY: run test lint typecheck unit bench install install-parakeet agents-sdk check clean
 
 run: $(STAMP)
 	$(VENV)/bin/voice-agent serve $(ARGS)
 
-test: $(STAMP) $(PARAKEET_STAMP) lint typecheck
+test: $(STAMP) $(PARAKEET_STAMP) $(AGENTS_SDK_STAMP) lint typecheck
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -120,5 +122,21 @@ $(PARAKEET_STAMP): $(STAMP) constraints.txt constraints-parakeet.txt
 
 install-parakeet: $(PARAKEET_STAMP)
 
+# OpenAI's browser SDK (@openai/agents-realtime) and the esbuild that bundles
+# it at test time, for tests/web/test_agents_sdk.py: exactly the versions in
+# its package-lock.json, from the npm registry. Bounded (5 minutes) and quiet;
+# no install scripts (esbuild's binary comes as its platform package). Without
+# npm nothing is installed and that test skips, saying why.
+$(AGENTS_SDK_STAMP): $(AGENTS_SDK)/package.json $(AGENTS_SDK)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		echo "==> installing the pinned @openai/agents-realtime SDK (npm ci in $(AGENTS_SDK))"; \
+		cd $(AGENTS_SDK) && timeout 300 npm ci --ignore-scripts --no-audit --no-fund --loglevel=error \
+			&& touch node_modules/.installed; \
+	else \
+		echo "==> npm not found: tests/web/test_agents_sdk.py will be skipped"; \
+	fi
+
+agents-sdk: $(AGENTS_SDK_STAMP)
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(AGENTS_SDK)/node_modules

@@ -3,7 +3,7 @@ from __future__ import annotations
 import itertools
 
 from voice_agent.backends.base import ChatMessage, ToolCall
-from voice_agent.session.conversation import Conversation
+from voice_agent.session.conversation import Conversation, SpokenPiece, SpokenText
 
 
 def talk(conversation: Conversation, turns: int) -> None:
@@ -70,3 +70,39 @@ def test_a_tool_result_goes_right_after_its_call() -> None:
     ]
     assert not conversation.has_open_call("call_1")
     assert not conversation.has_open_call("call_404")
+
+
+def test_deleting_items_takes_their_words_out_of_the_history() -> None:
+    conversation = Conversation("", 10)
+    conversation.add_user("first", "item_1")
+    call = ToolCall("call_1", "lookup", "{}")
+    conversation.add(ChatMessage("assistant", "Let me look.", tool_calls=(call,)), "item_2")
+    conversation.add(ChatMessage("tool", "found", tool_call_id="call_1"), "item_3")
+    conversation.add_assistant("It is there.", "item_2")
+    conversation.add_user("second", "item_4")
+
+    assert conversation.delete("item_1") and not conversation.delete("item_1")
+    # A reply's message: its words go, the call it made stays (an item of its own).
+    assert conversation.delete("item_2")
+    assert conversation.history == [
+        ChatMessage("assistant", "", tool_calls=(call,)),
+        ChatMessage("tool", "found", tool_call_id="call_1"),
+        ChatMessage("user", "second"),
+    ]
+    # The call goes with its result: neither is valid without the other.
+    assert conversation.delete_call("call_1")
+    assert conversation.history == [ChatMessage("user", "second")]
+
+
+def test_a_reply_is_truncated_to_the_words_heard_by_then() -> None:
+    conversation = Conversation("", 10)
+    # Two pieces of 50 frames (1 s) each; the second was cut after 25 frames.
+    spoken = SpokenText(0, (SpokenPiece("one two", 50, 50), SpokenPiece("three four", 50, 25)))
+    assert spoken.played_ms == 1500
+    conversation.add_assistant("one two three", "item_1", spoken)
+    assert conversation.truncate("item_1", 1500) == "one two three"
+    assert conversation.truncate("item_1", 999) == "one"
+    assert conversation.history == [ChatMessage("assistant", "one")]
+    assert conversation.truncate("item_1", 0) == ""
+    assert conversation.history == []
+    assert conversation.truncate("item_1", 0) is None  # nothing of it left

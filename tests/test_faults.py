@@ -34,6 +34,7 @@ import pytest_asyncio
 from tests.audio_data import goforward, librivox, reference, silence, word_error_rate
 from tests.conftest import RunningServer, run_server
 from tests.conftest import test_settings as settings_with
+from tests.realtime_events import typed
 from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
@@ -43,7 +44,6 @@ from tests.scripted_llm import (
     text_events,
 )
 from tests.stt_fixtures import engine_with_models
-from tests.test_llm_e2e import typed
 from tests.test_llm_readiness import wait_for_readyz
 from tests.test_signaling import post, real_offer
 from tests.transcription_server import API_KEY, transcription_server

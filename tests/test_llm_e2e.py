@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import aiohttp
 import pytest
 
 from tests import conftest
 from tests.ports import free_port
+from tests.realtime_events import typed
 from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
@@ -39,17 +39,6 @@ ORDER_TOOL = {
         "required": ["order_id"],
     },
 }
-
-
-def typed(text: str) -> dict[str, Any]:
-    return {
-        "type": "conversation.item.create",
-        "item": {
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": text}],
-        },
-    }
 
 
 @pytest.mark.parametrize("api", APIS)

@@ -210,3 +210,19 @@ async def test_a_client_tool_named_like_a_server_tool_or_twice_is_refused(engine
         ]
     finally:
         await session.close()
+
+
+async def test_deleting_a_function_output_reopens_its_call(wire: Wire) -> None:
+    protocol, sent = wire
+    call = ChatMessage("assistant", "", tool_calls=(ToolCall("call_1", "get_time", "{}"),))
+    protocol.session.conversation.add(call)
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "noon"}
+    send(protocol, {"type": "conversation.item.create", "item": {"id": "item_out", **output}})
+    assert not protocol.session.conversation.has_open_call("call_1")
+    send(protocol, {"type": "conversation.item.delete", "item_id": "item_out"})
+    assert sent[-1] == {**sent[-1], "type": "conversation.item.deleted", "item_id": "item_out"}
+    assert protocol.session.conversation.history == [call]
+    # The client may answer the call again.
+    send(protocol, {"type": "conversation.item.create", "item": {"id": "item_out2", **output}})
+    assert sent[-1]["type"] == "conversation.item.done"
+    assert protocol.session.conversation.history[-1].tool_call_id == "call_1"

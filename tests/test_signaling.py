@@ -196,6 +196,7 @@ async def test_cors_preflight_and_exposed_location(
     async with http.options(
         server.url + CALLS, headers={**headers, "Origin": "https://evil.example"}
     ) as response:
+        assert response.status == 403
         assert "Access-Control-Allow-Origin" not in response.headers
     status, _, _ = await post(http, server.url, b"nope")
     assert status == 400  # errors carry CORS headers too, so browsers can read them
@@ -205,6 +206,71 @@ async def test_cors_preflight_and_exposed_location(
         headers={"Content-Type": "application/sdp", "Origin": "https://app.example"},
     ) as response:
         assert response.headers["Access-Control-Expose-Headers"] == "Location, Retry-After"
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        # OpenAI's agents SDK (in a browser), its Python/Node SDKs, and the beta header.
+        "authorization,content-type,x-openai-agents-sdk",
+        "authorization, openai-beta, x-stainless-arch, x-stainless-lang, x-stainless-os, "
+        "x-stainless-package-version, x-stainless-retry-count, x-stainless-runtime, "
+        "x-stainless-runtime-version, x-stainless-timeout",
+    ],
+)
+async def test_cors_preflight_allows_the_headers_an_allowed_origin_asks_for(
+    server_factory: ServerFactory, http: aiohttp.ClientSession, asked: str
+) -> None:
+    server = await server_factory(cors_origins=["https://app.example"])
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": asked,
+    }
+    async with http.options(server.url + CALLS, headers=preflight) as response:
+        assert response.status == 204
+        assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        allowed = {h.strip() for h in response.headers["Access-Control-Allow-Headers"].split(",")}
+        assert allowed == {h.strip() for h in asked.split(",")}
+        # Caches must not hand this answer to another origin or header list.
+        vary = {v.strip() for v in response.headers["Vary"].split(",")}
+        assert vary == {"Origin", "Access-Control-Request-Headers"}
+    # Another origin asking the same is still refused, with no CORS headers.
+    async with http.options(
+        server.url + CALLS, headers={**preflight, "Origin": "https://evil.example"}
+    ) as response:
+        assert response.status == 403
+        assert "Access-Control-Allow-Headers" not in response.headers
+    # The call itself, with those headers sent, is answered with CORS headers.
+    sent = {h.strip(): "1" for h in asked.split(",") if h.strip() != "content-type"}
+    async with http.post(
+        server.url + CALLS,
+        data=b"x",
+        headers={**sent, "Content-Type": "application/sdp", "Origin": "https://app.example"},
+    ) as response:
+        assert response.status == 400
+        assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
+
+
+async def test_cors_preflight_with_any_origin_varies_on_the_asked_headers(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(cors_origins=["*"])
+    preflight = {
+        "Origin": "https://anywhere.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "x-openai-agents-sdk",
+    }
+    async with http.options(server.url + CALLS, headers=preflight) as response:
+        assert response.status == 204
+        assert response.headers["Access-Control-Allow-Origin"] == "*"
+        assert response.headers["Access-Control-Allow-Headers"] == "x-openai-agents-sdk"
+        assert response.headers["Vary"] == "Access-Control-Request-Headers"
+    # A header list that is no list of header names is not echoed.
+    bad = {**preflight, "Access-Control-Request-Headers": "x-a; evil=1"}
+    async with http.options(server.url + CALLS, headers=bad) as response:
+        assert response.status == 204
+        assert response.headers["Access-Control-Allow-Headers"] == "Authorization, Content-Type"
 
 
 async def test_health_and_readiness(

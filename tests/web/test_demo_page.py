@@ -88,15 +88,23 @@ async def test_the_demo_page_answers_a_spoken_question(
         # The microphone picker lists the (fake) devices once access was granted.
         assert await page.locator("#microphone option").count() >= 2
 
-        # Settings go to the server; the single embedded voice is kept, and the page says so.
+        # Settings go to the server. A voice it does not have is refused (the
+        # whole update: nothing changes), and the page says which one it has.
         await page.click("#settings summary")
         await page.fill("#instructions", "Answer like a pirate.")
         await page.fill("#voice", "alloy")
         await page.click("#apply")
         note = page.locator("#settings-note")
         await page.wait_for_function("document.querySelector('#settings-note').textContent")
-        assert 'voice "joe"' in (await note.text_content() or "")
+        refused = await note.text_content() or ""
+        assert refused.startswith("Not applied") and 'voice "joe"' in refused
         (call,) = server.calls.calls()
+        assert call.session.conversation.instructions != "Answer like a pirate."
+        await page.fill("#voice", "joe")
+        await page.click("#apply")
+        await page.wait_for_function(
+            "document.querySelector('#settings-note').textContent === 'Applied.'"
+        )
         assert call.session.conversation.instructions == "Answer like a pirate."
         await page.screenshot(path=str(ARTIFACTS / "demo-desktop.png"), full_page=True)
 

@@ -107,6 +107,38 @@ async def test_the_sdk_is_served_as_a_module_with_cors(
         assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
 
 
+# A cross-origin POST with the headers OpenAI's SDKs add: the browser sends
+# a preflight first, and fails the fetch if the server does not allow them.
+FETCH_WITH_SDK_HEADERS = """
+async (url) => {
+  try {
+    const response = await fetch(url, { method: 'POST', body: 'not sdp', headers: {
+      'Content-Type': 'application/sdp', 'Authorization': 'Bearer ek_test',
+      'X-OpenAI-Agents-SDK': 'openai-agents-sdk.realtime', 'OpenAI-Beta': 'realtime=v1',
+      'X-Stainless-Lang': 'js', 'X-Stainless-Runtime': 'browser:chrome' } });
+    return { status: response.status, body: await response.json() };
+  } catch (e) {
+    return { error: e.name };
+  }
+}
+"""
+
+
+async def test_a_browser_on_an_allowed_origin_may_send_openai_sdk_headers(
+    browser: Browser, server_factory: ServerFactory, site_factory: SiteFactory
+) -> None:
+    allowed = await site_factory("<!doctype html><title>allowed</title>")
+    other = await site_factory("<!doctype html><title>other</title>")
+    server = await server_factory(cors_origins=[allowed])
+    page, _ = await new_page(browser, allowed + "/")
+    result = await page.evaluate(FETCH_WITH_SDK_HEADERS, server.url + "/v1/realtime/calls")
+    # Through the preflight, and the server's own answer is readable.
+    assert result["status"] == 400 and result["body"]["error"]["code"] == "invalid_sdp", result
+    page, _ = await new_page(browser, other + "/")
+    result = await page.evaluate(FETCH_WITH_SDK_HEADERS, server.url + "/v1/realtime/calls")
+    assert result == {"error": "TypeError"}  # "Failed to fetch": refused at the preflight
+
+
 async def test_a_page_on_another_origin_calls_and_hangs_up(
     browser: Browser, server_factory: ServerFactory, site_factory: SiteFactory
 ) -> None:

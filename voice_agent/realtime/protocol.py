@@ -16,6 +16,14 @@ from voice_agent import strict_json
 from voice_agent.ratelimit import TokenBucket
 from voice_agent.realtime import tool_items
 from voice_agent.realtime.errors import ClientEventError as ClientEventError  # re-exported
+from voice_agent.realtime.input_audio import InputAudioEvents
+from voice_agent.realtime.items import ItemEvents, ItemLog
+from voice_agent.realtime.response_options import parse_response_options
+from voice_agent.realtime.session_config import (
+    ServerSession,
+    TurnSetting,
+    parse_session_update,
+)
 from voice_agent.session.events import (
     AssistantAudioCleared,
     AssistantAudioStarted,
@@ -34,6 +42,7 @@ from voice_agent.session.events import (
     UserTurnCommitted,
 )
 from voice_agent.session.ids import new_id
+from voice_agent.session.input import TurnDetection
 from voice_agent.session.session import VoiceSession
 
 log = logging.getLogger(__name__)
@@ -70,9 +79,15 @@ class RealtimeProtocol:
         self._session_object_id = session.id
         self._expires_at = int(time.time()) + 3600
         self._transcripts: dict[str, str] = {}  # response_id -> text so far
-        # Items in the order the client was told about them.
-        self._last_item_id: str | None = None
+        # Items in the order the client was told about them, as the server holds them.
+        self.items = ItemLog()
         self._previous: dict[str, str | None] = {}  # item_id -> the item before it
+        # How each response in progress was asked for (text only, out of band, metadata).
+        self._responses: dict[str, ResponseStarted] = {}
+        self._transcription = True  # False: the client asked for no transcripts
+        self._eagerness: str | None = None  # semantic_vad's, when that was asked for
+        self._item_events = ItemEvents(session, self.items, self.send)
+        self._input_audio = InputAudioEvents(session, self.send)
         # response_id -> its function calls, told with (just before) response.done.
         self._calls: dict[str, list[FunctionCallRequested]] = {}
         # Responses whose message item (output 0) the client has been told about:
@@ -83,25 +98,50 @@ class RealtimeProtocol:
         self.events_dropped = 0
         self._dropped_told = 0.0  # when the client was last told of dropped events
 
-    def _place_item(self, item_id: str) -> str | None:
+    def _place_item(self, item: JsonDict, busy: bool = False) -> str | None:
         """Append an item to the client's view of the conversation."""
-        previous, self._last_item_id = self._last_item_id, item_id
-        self._previous[item_id] = previous
+        previous = self.items.place(item, busy)
+        self._previous[item["id"]] = previous
         return previous
 
     # -- outbound ------------------------------------------------------------
     def send(self, event: JsonDict) -> None:
         self._send_raw({"event_id": new_id("event"), **event})
 
+    def _turn_detection_json(self) -> JsonDict | None:
+        detection = self.session.turn_detection
+        if detection is None:
+            return None
+        flags = {
+            "create_response": detection.create_response,
+            "interrupt_response": detection.interrupt_response,
+        }
+        if self._eagerness is not None:
+            return {"type": "semantic_vad", "eagerness": self._eagerness, **flags}
+        return {
+            "type": "server_vad",
+            "threshold": detection.threshold,
+            "prefix_padding_ms": detection.preroll_ms,
+            "silence_duration_ms": detection.silence_ms,
+            "idle_timeout_ms": None,
+            **flags,
+        }
+
+    def _modalities(self, audio: bool) -> list[str]:
+        return ["audio"] if audio else ["text"]
+
     def session_object(self) -> JsonDict:
-        turn = self.session.config.turn
-        silence_ms = self.session.current_silence_ms
+        transcription = (
+            {"model": self.session.models.stt.name, "language": None, "prompt": None}
+            if self._transcription
+            else None
+        )
         return {
             "type": "realtime",
             "object": "realtime.session",
             "id": self._session_object_id,
             "model": self.model,
-            "output_modalities": ["audio"],
+            "output_modalities": self._modalities(self.session.audio_output),
             "instructions": self.session.conversation.instructions,
             "tools": self._tools_json,
             "tool_choice": self.session.tool_choice,
@@ -114,17 +154,9 @@ class RealtimeProtocol:
             "audio": {
                 "input": {
                     "format": {"type": "audio/pcm", "rate": 24000},
-                    "transcription": {"model": self.session.models.stt.name},
+                    "transcription": transcription,
                     "noise_reduction": None,
-                    "turn_detection": {
-                        "type": "server_vad",
-                        "threshold": turn.threshold,
-                        "prefix_padding_ms": turn.preroll_ms,
-                        "silence_duration_ms": silence_ms,
-                        "idle_timeout_ms": None,
-                        "create_response": True,
-                        "interrupt_response": True,
-                    },
+                    "turn_detection": self._turn_detection_json(),
                 },
                 "output": {
                     "format": {"type": "audio/pcm", "rate": 24000},
@@ -141,8 +173,15 @@ class RealtimeProtocol:
         for message in self._translate(event):
             self.send(message)
 
-    def _assistant_item(self, item_id: str, status: str, transcript: str | None) -> JsonDict:
-        content = [] if transcript is None else [{"type": "output_audio", "transcript": transcript}]
+    def _assistant_item(
+        self, item_id: str, status: str, transcript: str | None, audio: bool = True
+    ) -> JsonDict:
+        part = (
+            {"type": "output_audio", "transcript": transcript}
+            if audio
+            else {"type": "output_text", "text": transcript}
+        )
+        content = [] if transcript is None else [part]
         return {
             "id": item_id,
             "object": "realtime.item",
@@ -163,6 +202,8 @@ class RealtimeProtocol:
         }
 
     def _response_object(self, response_id: str, status: str, **extra: Any) -> JsonDict:
+        started = self._responses.get(response_id)
+        audio = started is None or started.audio
         return {
             "object": "realtime.response",
             "id": response_id,
@@ -170,13 +211,13 @@ class RealtimeProtocol:
             "status_details": None,
             "output": [],
             "conversation_id": None,
-            "output_modalities": ["audio"],
+            "output_modalities": self._modalities(audio),
             "max_output_tokens": self.session.config.reply.max_tokens,
             "audio": {
                 "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": self.voice}
             },
             "usage": None,
-            "metadata": None,
+            "metadata": dict(started.metadata) if started and started.metadata else None,
             **extra,
         }
 
@@ -198,7 +239,7 @@ class RealtimeProtocol:
                 }
             ]
         if isinstance(event, UserTurnCommitted):
-            previous = self._place_item(event.item_id)
+            previous = self._place_item(self._user_item(event.item_id, None), busy=True)
             return [
                 {
                     "type": "input_audio_buffer.committed",
@@ -212,6 +253,8 @@ class RealtimeProtocol:
                 },
             ]
         if isinstance(event, UserTranscriptDelta):
+            if not self._transcription:
+                return []
             # Sent while the user speaks, so before the item is committed;
             # the item_id is the one speech_started announced.
             return [
@@ -223,21 +266,10 @@ class RealtimeProtocol:
                 }
             ]
         if isinstance(event, UserTranscript):
-            return [
-                {
-                    "type": "conversation.item.input_audio_transcription.completed",
-                    "item_id": event.item_id,
-                    "content_index": 0,
-                    "transcript": event.transcript,
-                    "usage": {"type": "duration", "seconds": 0},
-                },
-                {
-                    "type": "conversation.item.done",
-                    "previous_item_id": self._previous.pop(event.item_id, None),
-                    "item": self._user_item(event.item_id, event.transcript),
-                },
-            ]
+            return self._user_transcript(event)
         if isinstance(event, UserTranscriptFailed):
+            item = self._user_item(event.item_id, None)
+            self.items.update(item)
             return [
                 {
                     "type": "conversation.item.input_audio_transcription.failed",
@@ -253,11 +285,12 @@ class RealtimeProtocol:
                 {
                     "type": "conversation.item.done",
                     "previous_item_id": self._previous.pop(event.item_id, None),
-                    "item": self._user_item(event.item_id, None),
+                    "item": item,
                 },
             ]
         if isinstance(event, ResponseStarted):
             self._transcripts[event.response_id] = ""
+            self._responses[event.response_id] = event
             return [
                 {
                     "type": "response.created",
@@ -268,10 +301,13 @@ class RealtimeProtocol:
             self._transcripts[event.response_id] = (
                 self._transcripts.get(event.response_id, "") + event.delta
             )
+            audio = self._audio(event.response_id)
             return [
                 *self._announce_message(event.response_id, event.item_id),
                 {
-                    "type": "response.output_audio_transcript.delta",
+                    "type": "response.output_audio_transcript.delta"
+                    if audio
+                    else "response.output_text.delta",
                     "response_id": event.response_id,
                     "item_id": event.item_id,
                     "output_index": 0,
@@ -293,35 +329,66 @@ class RealtimeProtocol:
             return [self._error("server_error", event.code, event.message)]
         raise AssertionError(f"unhandled session event {event!r}")
 
+    def _user_transcript(self, event: UserTranscript) -> list[JsonDict]:
+        item = self._user_item(event.item_id, event.transcript if self._transcription else None)
+        self.items.update(item)
+        completed = {
+            "type": "conversation.item.input_audio_transcription.completed",
+            "item_id": event.item_id,
+            "content_index": 0,
+            "transcript": event.transcript,
+            "usage": {"type": "duration", "seconds": 0},
+        }
+        return [
+            *([completed] if self._transcription else []),
+            {
+                "type": "conversation.item.done",
+                "previous_item_id": self._previous.pop(event.item_id, None),
+                "item": item,
+            },
+        ]
+
+    def _audio(self, response_id: str) -> bool:
+        started = self._responses.get(response_id)
+        return started is None or started.audio
+
+    def _in_conversation(self, response_id: str) -> bool:
+        started = self._responses.get(response_id)
+        return started is None or started.in_conversation
+
+    def _part(self, response_id: str, text: str) -> JsonDict:
+        if self._audio(response_id):
+            return {"type": "audio", "transcript": text}
+        return {"type": "text", "text": text}
+
     def _announce_message(self, response_id: str, item_id: str) -> list[JsonDict]:
-        """The reply's message item, output 0, the first time it is needed."""
+        """The reply's message item, output 0, the first time it is needed;
+        an out-of-band reply's items never join the conversation."""
         if response_id in self._announced:
             return []
         self._announced.add(response_id)
-        previous = self._place_item(item_id)
+        item = self._assistant_item(item_id, "in_progress", None, self._audio(response_id))
         ref = {
             "response_id": response_id,
             "item_id": item_id,
             "output_index": 0,
             "content_index": 0,
         }
+        added = []
+        if self._in_conversation(response_id):
+            previous = self._place_item(item, busy=True)
+            added = [
+                {"type": "conversation.item.added", "previous_item_id": previous, "item": item}
+            ]
         return [
             {
                 "type": "response.output_item.added",
                 "response_id": response_id,
                 "output_index": 0,
-                "item": self._assistant_item(item_id, "in_progress", None),
+                "item": item,
             },
-            {
-                "type": "conversation.item.added",
-                "previous_item_id": previous,
-                "item": self._assistant_item(item_id, "in_progress", None),
-            },
-            {
-                "type": "response.content_part.added",
-                **ref,
-                "part": {"type": "audio", "transcript": ""},
-            },
+            *added,
+            {"type": "response.content_part.added", **ref, "part": self._part(response_id, "")},
         ]
 
     def _function_call(self, event: FunctionCallRequested) -> list[JsonDict]:
@@ -333,12 +400,25 @@ class RealtimeProtocol:
     def _call_events(self, calls: list[FunctionCallRequested], first: int) -> list[JsonDict]:
         events: list[JsonDict] = []
         for index, call in enumerate(calls, start=first):
-            previous = self._place_item(call.item_id)
+            if not self._in_conversation(call.response_id):
+                events += [
+                    e
+                    for e in tool_items.function_call_events(call, index, None)
+                    if not e["type"].startswith("conversation.")
+                ]
+                continue
+            previous = self._place_item(tool_items.function_call_item(call, "completed"))
             self._previous.pop(call.item_id, None)
             events += tool_items.function_call_events(call, index, previous)
         return events
 
     def _response_finished(self, event: ResponseFinished) -> list[JsonDict]:
+        try:
+            return self._finished_events(event)
+        finally:
+            self._responses.pop(event.response_id, None)
+
+    def _finished_events(self, event: ResponseFinished) -> list[JsonDict]:
         self._transcripts.pop(event.response_id, None)
         calls = self._calls.pop(event.response_id, [])
         call_items = [tool_items.function_call_item(c, "completed") for c in calls]
@@ -359,8 +439,9 @@ class RealtimeProtocol:
             "output_index": 0,
             "content_index": 0,
         }
+        audio = self._audio(event.response_id)
         item_status = "completed" if event.status == "completed" else "incomplete"
-        item = self._assistant_item(event.item_id, item_status, event.transcript)
+        item = self._assistant_item(event.item_id, item_status, event.transcript, audio)
         response = self._response_object(
             event.response_id,
             event.status,
@@ -368,18 +449,34 @@ class RealtimeProtocol:
             metadata=self._metadata(event),
         )
         response["status_details"] = self._status_details(event)
+        if audio:
+            content_done = [
+                {"type": "response.output_audio.done", **ref},
+                {
+                    "type": "response.output_audio_transcript.done",
+                    **ref,
+                    "transcript": event.transcript,
+                },
+            ]
+        else:
+            content_done = [{"type": "response.output_text.done", **ref, "text": event.transcript}]
+        in_conversation = []
+        if self._in_conversation(event.response_id):
+            self.items.update(item)
+            in_conversation = [
+                {
+                    "type": "conversation.item.done",
+                    "previous_item_id": self._previous.pop(event.item_id, None),
+                    "item": item,
+                }
+            ]
         return [
             *announce,
-            {"type": "response.output_audio.done", **ref},
-            {
-                "type": "response.output_audio_transcript.done",
-                **ref,
-                "transcript": event.transcript,
-            },
+            *content_done,
             {
                 "type": "response.content_part.done",
                 **ref,
-                "part": {"type": "audio", "transcript": event.transcript},
+                "part": self._part(event.response_id, event.transcript),
             },
             {
                 "type": "response.output_item.done",
@@ -387,11 +484,7 @@ class RealtimeProtocol:
                 "output_index": 0,
                 "item": item,
             },
-            {
-                "type": "conversation.item.done",
-                "previous_item_id": self._previous.pop(event.item_id, None),
-                "item": item,
-            },
+            *in_conversation,
             *self._call_events(calls, 1),
             {"type": "response.done", "response": response},
         ]
@@ -405,12 +498,16 @@ class RealtimeProtocol:
         return None
 
     def _metadata(self, event: ResponseFinished) -> dict[str, str] | None:
+        """The turn's latency record, with the client's own metadata (which
+        wins where their keys meet)."""
+        started = self._responses.get(event.response_id)
+        asked = dict(started.metadata) if started and started.metadata else {}
         if event.metrics is None:
-            return None
+            return asked or None
         # Metadata values are strings in the Realtime schema.
         metadata = {k: str(v) for k, v in event.metrics.spans().items() if v is not None}
         metadata["speculative"] = str(event.metrics.speculative).lower()
-        return metadata
+        return {**metadata, **asked}
 
     def _error(
         self,
@@ -521,6 +618,8 @@ class RealtimeProtocol:
             "output_audio_buffer.clear": self._output_clear,
             "conversation.item.create": self._item_create,
             "response.create": self._response_create,
+            **self._item_events.handlers(),
+            **self._input_audio.handlers(),
         }
 
     def _session_update(self, event: JsonDict) -> None:
@@ -530,72 +629,65 @@ class RealtimeProtocol:
         self.apply_session_config(session)
         self.send({"type": "session.updated", "session": self.session_object()})
 
-    def apply_session_config(self, session: JsonDict) -> None:
-        """Apply the parts of a Realtime session object this server supports."""
-        instructions = session.get("instructions")
-        if instructions is not None and not isinstance(instructions, str):
-            raise ClientEventError(
-                "invalid_type", "instructions must be a string", "session.instructions"
-            )
-        silence_ms: int | None = None
-        audio = session.get("audio")
-        turn = None
-        if isinstance(audio, dict) and isinstance(audio.get("input"), dict):
-            turn = audio["input"].get("turn_detection")
-        if turn is None:
-            turn = session.get("turn_detection")  # beta-style placement
-        if isinstance(turn, dict) and "silence_duration_ms" in turn:
-            value = turn["silence_duration_ms"]
-            if not isinstance(value, int) or isinstance(value, bool) or not 100 <= value <= 5000:
-                raise ClientEventError(
-                    "invalid_value",
-                    "silence_duration_ms must be an integer from 100 to 5000",
-                    "session.audio.input.turn_detection.silence_duration_ms",
-                )
-            silence_ms = value
+    def _server_session(self) -> ServerSession:
+        turn = self.session.config.turn
         server_tools = self.session.config.tools
-        tools = (
-            tool_items.parse_tools(
-                session["tools"], [t.name for t in server_tools.specs] if server_tools else ()
-            )
-            if "tools" in session
-            else None
+        return ServerSession(
+            model=self.model,
+            voice=self.voice,
+            stt_model=self.session.models.stt.name,
+            server_tools=tuple(t.name for t in server_tools.specs) if server_tools else (),
+            token_cap=self.max_output_tokens,
+            default_turns=TurnDetection(turn.turn_silence_ms, turn.threshold, turn.preroll_ms),
         )
-        tool_choice = (
-            tool_items.parse_tool_choice(session["tool_choice"], "session.tool_choice")
-            if "tool_choice" in session
-            else None
-        )
-        max_tokens = (
-            tool_items.parse_max_tokens(
-                session["max_output_tokens"], "session.max_output_tokens", self.max_output_tokens
-            )
-            if "max_output_tokens" in session
-            else None
-        )
+
+    def apply_session_config(self, session: JsonDict) -> None:
+        """Apply a Realtime session object; anything this server cannot do
+        is refused (ClientEventError) before any of it is applied."""
+        changes = parse_session_update(session, self._server_session())
         self.session.update(
-            instructions=instructions,
-            silence_ms=silence_ms,
-            tools=tools,
-            tool_choice=tool_choice,
-            max_output_tokens=max_tokens,
+            instructions=changes.instructions,
+            tools=changes.tools,
+            tool_choice=changes.tool_choice,
+            max_output_tokens=changes.max_output_tokens,
+            audio_output=changes.audio_output,
         )
-        if tools is not None:
-            self._tools_json = tool_items.tools_json(tools)
+        if changes.tools is not None:
+            self._tools_json = tool_items.tools_json(changes.tools)
+        if changes.transcription is not None:
+            self._transcription = changes.transcription
+        if changes.turn is not None:
+            self._set_turns(changes.turn)
+
+    def _set_turns(self, turn: TurnSetting) -> None:
+        self._eagerness = turn.eagerness
+        self.session.set_turn_detection(turn.detection)
 
     def _item_create(self, event: JsonDict) -> None:
         """A typed user message or a function call's result joins the conversation."""
+        previous_id = event.get("previous_item_id")
+        if previous_id is not None and previous_id != self.items.last_id:
+            raise ClientEventError(
+                "unsupported_value",
+                "previous_item_id: items can only be added at the end of the conversation "
+                f"(after {self.items.last_id!r})",
+                "previous_item_id",
+            )
         item = tool_items.parse_item(event.get("item"), new_id("item"))
+        if self.items.get(item.item_id) is not None:
+            raise ClientEventError(
+                "invalid_value", f"the conversation already has an item {item.item_id!r}", "item.id"
+            )
         if isinstance(item, tool_items.FunctionOutput):
-            if not self.session.add_function_output(item.call_id, item.output):
+            if not self.session.add_function_output(item.call_id, item.output, item.item_id):
                 raise ClientEventError(
                     "invalid_value",
                     f"no function call {item.call_id!r} is waiting for its output",
                     "item.call_id",
                 )
         else:
-            self.session.add_user_text(item.text)
-        previous = self._place_item(item.item_id)
+            self.session.add_user_text(item.text, item.item_id)
+        previous = self._place_item(item.json())
         self._previous.pop(item.item_id, None)
         for kind in ("conversation.item.added", "conversation.item.done"):
             self.send({"type": kind, "previous_item_id": previous, "item": item.json()})
@@ -604,25 +696,29 @@ class RealtimeProtocol:
         options = event.get("response") or {}
         if not isinstance(options, dict):
             raise ClientEventError("invalid_value", "'response' must be an object", "response")
-        instructions = options.get("instructions")
-        if instructions is not None and not isinstance(instructions, str):
-            raise ClientEventError(
-                "invalid_type", "instructions must be a string", "response.instructions"
-            )
-        max_tokens = (
-            tool_items.parse_max_tokens(
-                options["max_output_tokens"], "response.max_output_tokens", self.max_output_tokens
-            )
-            if "max_output_tokens" in options
-            else None
+        server_tools = self.session.config.tools
+        request = parse_response_options(
+            options,
+            self.voice,
+            [t.name for t in server_tools.specs] if server_tools else (),
+            self.max_output_tokens,
+            self.session.item_message,
         )
-        if not self.session.create_response(instructions, max_tokens):
+        if not self.session.create_response(request):
             raise ClientEventError(
                 "conversation_already_has_active_response",
                 "Conversation already has an active response in progress",
             )
 
     def _response_cancel(self, event: JsonDict) -> None:
+        response_id = event.get("response_id")
+        if response_id is not None and response_id not in self._responses:
+            # One reply at a time: the one in progress is the only one to cancel.
+            raise ClientEventError(
+                "response_cancel_not_active",
+                f"Cancellation failed: no active response {response_id!r}",
+                "response_id",
+            )
         if not self.session.cancel_response("client_cancelled"):
             raise ClientEventError(
                 "response_cancel_not_active", "Cancellation failed: no active response found"

@@ -21,17 +21,19 @@ MAX_OUTPUT_TOKENS = 4096
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def parse_tools(value: Any, server_tools: Collection[str] = ()) -> list[ToolSpec]:
+def parse_tools(
+    value: Any, server_tools: Collection[str] = (), where: str = "session.tools"
+) -> list[ToolSpec]:
     """The client's function tools; a name the server's own tools (or an
     earlier entry) already use is refused: the model would see both and a
     call could only ever reach one of them."""
     if not isinstance(value, list) or len(value) > MAX_TOOLS:
         raise ClientEventError(
-            "invalid_value", f"tools must be a list of at most {MAX_TOOLS}", "session.tools"
+            "invalid_value", f"tools must be a list of at most {MAX_TOOLS}", where
         )
     tools: list[ToolSpec] = []
     for index, tool in enumerate(value):
-        param = f"session.tools[{index}]"
+        param = f"{where}[{index}]"
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
             raise ClientEventError("invalid_value", "only function tools are supported", param)
         name, description = tool.get("name"), tool.get("description", "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -365,19 +366,31 @@ def stt_stats(engine: Engine, calls: CallRegistry) -> dict[str, object]:
     return body
 
 
+# A header list as a preflight sends it: field names (RFC 9110 tokens), commas.
+_HEADER_LIST = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+(\s*,\s*[!#$%&'*+.^_`|~0-9A-Za-z-]+)*")
+
+
 def cors_middleware(origins: list[str]) -> Any:
     allow_any = "*" in origins
 
-    def add_headers(headers: MutableMapping[str, str], origin: str) -> None:
+    def add_headers(
+        headers: MutableMapping[str, str], origin: str, asked_headers: str | None = None
+    ) -> None:
+        """``asked_headers``: a preflight's request headers (None: no preflight)."""
         headers["Access-Control-Allow-Origin"] = "*" if allow_any else origin
         headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
-        headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+        # An allowed origin may send whatever headers its preflight asks for
+        # (OpenAI's SDKs add X-OpenAI-Agents-SDK, OpenAI-Beta, X-Stainless-*).
+        headers["Access-Control-Allow-Headers"] = asked_headers or "Authorization, Content-Type"
         # Retry-After is not CORS-safelisted: without this, pages on other
         # origins never learn how long a full server asks them to wait.
         headers["Access-Control-Expose-Headers"] = "Location, Retry-After"
         headers["Access-Control-Max-Age"] = "600"
-        if not allow_any:
-            headers["Vary"] = "Origin"
+        vary = [] if allow_any else ["Origin"]
+        if asked_headers is not None:
+            vary.append("Access-Control-Request-Headers")
+        if vary:
+            headers["Vary"] = ", ".join(vary)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -385,6 +398,12 @@ def cors_middleware(origins: list[str]) -> Any:
         allowed = origin is not None and (allow_any or origin in origins)
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             response: web.StreamResponse = web.Response(status=204 if allowed else 403)
+            asked = request.headers.get("Access-Control-Request-Headers", "").strip()
+            if allowed and origin is not None:
+                add_headers(
+                    response.headers, origin, asked if _HEADER_LIST.fullmatch(asked) else ""
+                )
+                return response
         else:
             try:
                 response = await handler(request)

@@ -1,8 +1,65 @@
-"""Conversation state: instructions and a bounded history of heard turns."""
+"""Conversation state: instructions and a bounded history of heard turns.
+
+Each message may carry the id of the conversation item it belongs to (a
+user turn, a reply's message, a function call's output), so a client can
+delete or truncate items and the history the LLM sees next follows.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 from voice_agent.backends.base import ChatMessage
+
+FRAME_MS = 20  # the output track's frame
+
+
+@dataclass(frozen=True)
+class SpokenPiece:
+    text: str
+    frames: int  # 20 ms frames of output audio the piece spans
+    played: int  # how many of them were played
+
+
+@dataclass(frozen=True)
+class SpokenText:
+    """The pieces of a reply's message with the timing of their audio:
+    enough to cut the message where the listener stopped hearing it."""
+
+    offset_frames: int  # frames of the reply played before these pieces (earlier tool rounds)
+    pieces: tuple[SpokenPiece, ...]
+
+    @property
+    def played_ms(self) -> int:
+        return (self.offset_frames + sum(p.played for p in self.pieces)) * FRAME_MS
+
+    def heard_until(self, audio_end_ms: int) -> str:
+        """The words heard up to ``audio_end_ms`` of the reply's audio: whole
+        pieces, then the share of the words of the piece cut there."""
+        position = audio_end_ms / FRAME_MS - self.offset_frames
+        words: list[str] = []
+        start = 0
+        for piece in self.pieces:
+            end = start + piece.frames
+            if position >= end:
+                words.extend(piece.text.split())
+            else:
+                if position > start and piece.frames:
+                    piece_words = piece.text.split()
+                    words.extend(
+                        piece_words[: int(len(piece_words) * (position - start) / piece.frames)]
+                    )
+                break
+            start = end
+        return " ".join(words)
+
+
+@dataclass
+class _Entry:
+    message: ChatMessage
+    item_id: str | None = None
+    spoken: SpokenText | None = None
 
 
 class Conversation:
@@ -18,69 +75,139 @@ class Conversation:
     def __init__(self, instructions: str, history_turns: int) -> None:
         self.instructions = instructions
         self.history_turns = max(0, history_turns)
-        self._history: list[ChatMessage] = []
+        self._entries: list[_Entry] = []
 
     def messages_for(
         self, user_text: str | None, instructions: str | None = None
     ) -> list[ChatMessage]:
         """The prompt for replying to ``user_text`` (not yet in the history),
         or, with None, to the history as it stands (a client's response.create)."""
+        user = [] if user_text is None else [ChatMessage("user", user_text)]
+        return self.prompt([*self.history, *user], instructions)
+
+    def prompt(
+        self, messages: list[ChatMessage], instructions: str | None = None
+    ) -> list[ChatMessage]:
+        """``messages`` after the (session's or given) instructions."""
         instructions = self.instructions if instructions is None else instructions
         system = [ChatMessage("system", instructions)] if instructions else []
-        user = [] if user_text is None else [ChatMessage("user", user_text)]
-        return [*system, *self._history, *user]
+        return [*system, *messages]
 
-    def add(self, message: ChatMessage) -> None:
+    def add(self, message: ChatMessage, item_id: str | None = None) -> None:
         """Any message: an assistant tool call, a tool result, typed user text.
         A tool result goes right after its call (and the call's earlier
         results), wherever later turns have been added: Chat Completions
         refuses a history where anything else comes between them."""
+        entry = _Entry(message, item_id)
         at = self._result_position(message) if message.role == "tool" else None
         if at is None:
-            self._append(message)
+            self._append(entry)
         else:
-            self._history.insert(at, message)
+            self._entries.insert(at, entry)
             self._trim()
 
     def _result_position(self, result: ChatMessage) -> int | None:
-        for index in range(len(self._history) - 1, -1, -1):
-            calls = self._history[index].tool_calls
+        for index in range(len(self._entries) - 1, -1, -1):
+            calls = self._entries[index].message.tool_calls
             if any(call.call_id == result.tool_call_id for call in calls):
                 at = index + 1
-                while at < len(self._history) and self._history[at].role == "tool":
+                while at < len(self._entries) and self._entries[at].message.role == "tool":
                     at += 1
                 return at
         return None
 
     def has_open_call(self, call_id: str) -> bool:
         """A tool call in the history that has no result yet."""
-        called = any(
-            call.call_id == call_id for message in self._history for call in message.tool_calls
-        )
-        answered = any(m.role == "tool" and m.tool_call_id == call_id for m in self._history)
+        history = self.history
+        called = any(call.call_id == call_id for message in history for call in message.tool_calls)
+        answered = any(m.role == "tool" and m.tool_call_id == call_id for m in history)
         return called and not answered
 
-    def add_user(self, text: str) -> None:
-        self._append(ChatMessage("user", text))
+    def add_user(self, text: str, item_id: str | None = None) -> None:
+        self._append(_Entry(ChatMessage("user", text), item_id))
 
-    def add_assistant(self, heard_text: str) -> None:
+    def add_assistant(
+        self, heard_text: str, item_id: str | None = None, spoken: SpokenText | None = None
+    ) -> None:
         """Record only what the user actually heard of the reply."""
         if heard_text:
-            self._append(ChatMessage("assistant", heard_text))
+            self._append(_Entry(ChatMessage("assistant", heard_text), item_id, spoken))
 
-    def _append(self, message: ChatMessage) -> None:
-        self._history.append(message)
+    # -- items ---------------------------------------------------------------
+    def message(self, item_id: str) -> ChatMessage | None:
+        """The message of an item still in the history (its text, for a reply
+        whose text came with tool calls)."""
+        return next((e.message for e in self._entries if e.item_id == item_id), None)
+
+    def delete(self, item_id: str) -> bool:
+        """Forget an item's words. A message that also made tool calls keeps
+        its calls (they are items of their own) and loses only its text."""
+        changed = False
+        kept: list[_Entry] = []
+        for entry in self._entries:
+            if entry.item_id != item_id:
+                kept.append(entry)
+                continue
+            changed = True
+            if entry.message.tool_calls:
+                entry.message = dataclasses.replace(entry.message, content="")
+                entry.spoken = None
+                kept.append(entry)
+        self._entries = kept
+        return changed
+
+    def delete_call(self, call_id: str) -> bool:
+        """Forget a tool call and its result (a result without its call, or a
+        call message left empty, would make every later request invalid)."""
+        changed = False
+        kept: list[_Entry] = []
+        for entry in self._entries:
+            message = entry.message
+            if message.role == "tool" and message.tool_call_id == call_id:
+                changed = True
+                continue
+            calls = tuple(c for c in message.tool_calls if c.call_id != call_id)
+            if len(calls) != len(message.tool_calls):
+                changed = True
+                if not calls and not message.content:
+                    continue
+                entry.message = dataclasses.replace(message, tool_calls=calls)
+            kept.append(entry)
+        self._entries = kept
+        return changed
+
+    def spoken(self, item_id: str) -> SpokenText | None:
+        """The timing of a reply's message still in the history."""
+        return next((e.spoken for e in self._entries if e.item_id == item_id and e.spoken), None)
+
+    def truncate(self, item_id: str, audio_end_ms: int) -> str | None:
+        """Cut a reply's message to what was heard by ``audio_end_ms``; the
+        words kept, or None when the history holds no audio of that item."""
+        for index, entry in enumerate(self._entries):
+            if entry.item_id != item_id or entry.spoken is None:
+                continue
+            kept = entry.spoken.heard_until(audio_end_ms)
+            if kept:
+                entry.message = dataclasses.replace(entry.message, content=kept)
+            else:
+                del self._entries[index]
+            return kept
+        return None
+
+    # -- bounds --------------------------------------------------------------
+    def _append(self, entry: _Entry) -> None:
+        self._entries.append(entry)
         self._trim()
 
     def _trim(self) -> None:
         limit = self.history_turns * 2
-        if len(self._history) > limit:
+        if len(self._entries) > limit:
             keep = self.history_turns  # half the window, in messages
-            self._history = self._history[len(self._history) - keep :] if keep else []
+            self._entries = self._entries[len(self._entries) - keep :] if keep else []
             # Never start the history with a reply to a question it no longer holds.
-            while self._history and self._history[0].role != "user":
-                self._history.pop(0)
+            while self._entries and self._entries[0].message.role != "user":
+                self._entries.pop(0)
 
     @property
     def history(self) -> list[ChatMessage]:
-        return list(self._history)
+        return [entry.message for entry in self._entries]

@@ -3,6 +3,7 @@ onto the wire format. Nothing here knows about JSON or data channels."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -53,6 +54,9 @@ class UserTranscriptDelta:
 class ResponseStarted:
     response_id: str
     item_id: str
+    audio: bool = True  # False: a text-only reply (no speech is synthesised)
+    in_conversation: bool = True  # False: out of band, the history never sees it
+    metadata: Mapping[str, str] | None = None  # the client's labels for it
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -35,7 +35,7 @@ from voice_agent.backends.base import (
     ToolSpec,
     TtsBackend,
 )
-from voice_agent.session.conversation import Conversation
+from voice_agent.session.conversation import Conversation, SpokenPiece, SpokenText
 from voice_agent.session.events import (
     AssistantAudioCleared,
     AssistantAudioStarted,
@@ -85,6 +85,7 @@ class _Piece:
     audio: np.ndarray
     frames_expected: int
     frames_played: int = 0
+    delivered: bool = False  # its words were told to the client
 
 
 @dataclass
@@ -114,7 +115,8 @@ class Response:
     llm: LlmBackend
     tts: TtsBackend
     output: AudioOutput
-    conversation: Conversation
+    # None: an out-of-band reply, which never joins the history.
+    conversation: Conversation | None
     emit: Callable[[SessionEvent], None]
     reply: ReplySettings
     metrics: TurnMetrics = field(default_factory=TurnMetrics)
@@ -126,6 +128,8 @@ class Response:
     # Set when there is nothing to ask the LLM (the user's words could not be
     # transcribed): the reply is the apology, and it fails with this error.
     failure: SessionError | None = None
+    audio: bool = True  # False: text only, no speech synthesised or played
+    metadata: Mapping[str, str] | None = None  # the client's labels, told with the reply
 
     def __post_init__(self) -> None:
         self._committed = asyncio.Event()
@@ -176,7 +180,15 @@ class Response:
         if self.committed or self.status != "in_progress":
             return
         self._committed.set()
-        self.emit(ResponseStarted(self.response_id, self.item_id))
+        self.emit(
+            ResponseStarted(
+                self.response_id,
+                self.item_id,
+                audio=self.audio,
+                in_conversation=self.conversation is not None,
+                metadata=self.metadata,
+            )
+        )
 
     def cancel(self, reason: str) -> None:
         """Stop now; a committed reply reports what the user heard. Whatever
@@ -188,7 +200,8 @@ class Response:
         self.status = "cancelled"
         if not self.committed:
             return
-        self.output.flush()
+        if self.audio:
+            self.output.flush()
         if self._audio_started:
             self.emit(AssistantAudioCleared(self.response_id))
         self._finish("cancelled", reason)
@@ -226,10 +239,16 @@ class Response:
 
     def heard_text(self, first: int = 0) -> str:
         """Whole pieces that were played, plus the played share of the words
-        of the piece that was cut off (of the pieces from index ``first``)."""
+        of the piece that was cut off (of the pieces from index ``first``);
+        of a text-only reply, the pieces told to the client."""
         words: list[str] = []
         for index in sorted(i for i in self._pieces if i >= first):
             piece = self._pieces[index]
+            if not self.audio:
+                if not piece.delivered:
+                    break
+                words.extend(piece.text.split())
+                continue
             if piece.frames_played >= piece.frames_expected:
                 words.extend(piece.text.split())
                 continue
@@ -280,6 +299,8 @@ class Response:
 
     async def _flush_audio(self) -> None:
         """The resampler's last samples, as a silent-text piece."""
+        if not self.audio:
+            return
         tail = self._resampler.process(np.zeros(0, dtype=np.int16), last=True)
         if tail.size:
             await self._enqueue(_Piece(self._next_index, "", tail, 0))
@@ -396,6 +417,9 @@ class Response:
             log.warning("apology failed", exc_info=True, extra={"response_id": self.response_id})
 
     async def _synthesize(self, index: int, text: str) -> None:
+        if not self.audio:
+            await self._enqueue(_Piece(index, text, np.zeros(0, dtype=np.int16), 0))
+            return
         first = index == 0
         if first:
             self.metrics.first_piece = self.metrics.tts_start = now()
@@ -424,7 +448,8 @@ class Response:
         except Exception as exc:  # never leave a committed reply hanging
             log.exception("playing a reply failed", extra={"response_id": self.response_id})
             if self.status == "in_progress":
-                self.output.flush()
+                if self.audio:
+                    self.output.flush()
                 self.emit(SessionError("server_error", f"the reply could not be played: {exc}"))
                 self.status = "failed"
                 self._finish("failed", "error")
@@ -443,13 +468,17 @@ class Response:
                 delta = piece.text if not spoken_any else " " + piece.text
                 spoken_any = True
                 self.emit(AssistantTextDelta(self.response_id, self.item_id, delta))
+            piece.delivered = True
+            if not self.audio:
+                continue
             # The track tags each 20 ms frame with the write that completes it,
             # so a piece owns the frame boundaries that fall inside its samples.
             start, written = written, written + piece.audio.size
             piece.frames_expected = written // OUTPUT_FRAME_SAMPLES - start // OUTPUT_FRAME_SAMPLES
             await self.output.write(piece.audio, PieceTag(self.response_id, piece.index))
-        await self.output.finish()
-        await self.output.drain()
+        if self.audio:
+            await self.output.finish()
+            await self.output.drain()
         if self._audio_started:
             self.emit(AssistantAudioStopped(self.response_id))
         if calls:
@@ -476,9 +505,25 @@ class Response:
             self.emit(call)
 
     def _record_exchange(self) -> None:
-        for message in self._exchange:
-            self.conversation.add(message)
+        if self.conversation is not None:
+            for message in self._exchange:
+                # Text said before a call belongs to this reply's message item;
+                # server tools' results are no item the client knows.
+                item_id = self.item_id if message.role == "assistant" else None
+                self.conversation.add(message, item_id)
         self._exchange.clear()
+
+    def _spoken(self) -> SpokenText | None:
+        """The timing of the last round's pieces (the message's own words)."""
+        if not self.audio:
+            return None
+        indices = sorted(self._pieces)
+        before = sum(self._pieces[i].frames_played for i in indices if i < self._covered_pieces)
+        pieces = tuple(
+            SpokenPiece(p.text, p.frames_expected, p.frames_played)
+            for p in (self._pieces[i] for i in indices if i >= self._covered_pieces)
+        )
+        return SpokenText(before, pieces)
 
     def _finish(
         self, status: Literal["completed", "cancelled", "failed"], reason: str | None
@@ -499,7 +544,10 @@ class Response:
         # words the user heard.
         if status == "completed":
             self._record_exchange()
-            self.conversation.add_assistant(self._final_text.strip())
+            if self.conversation is not None:
+                self.conversation.add_assistant(
+                    self._final_text.strip(), self.item_id, self._spoken()
+                )
             return
         # The rounds that ran stay (a tool may have acted), client calls
         # only if the client was given them; then the words heard of the
@@ -511,4 +559,7 @@ class Response:
                 self._exchange += ran
                 self._covered_pieces = covered
         self._record_exchange()
-        self.conversation.add_assistant(self.heard_text(self._covered_pieces))
+        if self.conversation is not None:
+            self.conversation.add_assistant(
+                self.heard_text(self._covered_pieces), self.item_id, self._spoken()
+            )

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +44,14 @@ from voice_agent.session.events import (
     UserTurnCommitted,
 )
 from voice_agent.session.ids import new_id
+from voice_agent.session.input import ManualTurnBuffer, TurnDetection
 from voice_agent.session.metrics import TurnMetrics, now
 from voice_agent.session.partials import PartialTranscripts
 from voice_agent.session.response import AudioOutput, PieceTag, ReplySettings, Response
 from voice_agent.session.tools import ToolRegistry
 from voice_agent.stages.turns import (
     FRAME_SAMPLES,
+    SAMPLE_RATE,
     Paused,
     Resumed,
     SpeechStarted,
@@ -91,6 +93,24 @@ class SttTimeout(RuntimeError):
     """The STT gave no transcript in time."""
 
 
+@dataclass(frozen=True)
+class ResponseRequest:
+    """What a client asks of one reply (beyond answering the conversation)."""
+
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    in_conversation: bool = True  # False: out of band, the history never sees it
+    context: tuple[ChatMessage, ...] | None = None  # what it answers instead of the history
+    metadata: Mapping[str, str] | None = None
+    audio: bool | None = None  # None: as the session's replies
+    tools: tuple[ToolSpec, ...] | None = None  # the client's tools for it (None: the session's)
+    tool_choice: ToolChoice | None = None
+
+
+class ItemError(ValueError):
+    """A conversation item that cannot be changed as asked."""
+
+
 @dataclass
 class _Speculation:
     audio_end_ms: int
@@ -124,14 +144,26 @@ class VoiceSession:
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._live_responses: set[Response] = set()
         self._prefill_task: asyncio.Task[None] | None = None
+        # A reply asked for while a committed turn was still being transcribed.
+        self._deferred_reply: asyncio.Task[None] | None = None
         self._generation = 0  # bumped by every new user turn: stale work checks it
         self._closed = False
         self._silence_ms = config.turn.turn_silence_ms
+        turn = config.turn
+        # None: push-to-talk, turns are taken by hand (commit_input).
+        self.turn_detection: TurnDetection | None = TurnDetection(
+            turn.turn_silence_ms, turn.threshold, turn.preroll_ms
+        )
+        self._manual = ManualTurnBuffer(turn.max_turn_s)
+        self.audio_output = True  # False: replies are text only
+        # Once the client sends its audio as data, its media track is ignored:
+        # two sources would interleave their frames into one garbled stream.
+        self._track_muted = False
         # Functions the client declared (session.update): it runs them itself.
         self.client_tools: list[ToolSpec] = []
         self.tool_choice: ToolChoice = "auto"
-        # Typed messages that arrived while a reply was being given.
-        self._held_texts: list[str] = []
+        # Typed messages (and their item ids) that arrived while a reply was being given.
+        self._held_texts: list[tuple[str, str | None]] = []
         self.stt_latency = Samples()  # final transcripts: request to text
         self.speculations_shed = 0  # pauses not transcribed early: finals were waiting
         self._partials: PartialTranscripts | None = None
@@ -141,20 +173,31 @@ class VoiceSession:
             )
 
     # -- audio in ------------------------------------------------------------
-    def push_audio(self, samples: np.ndarray) -> None:
-        """16 kHz mono int16 audio, any length."""
-        if self._closed:
+    def push_audio(self, samples: np.ndarray, from_track: bool = True) -> None:
+        """16 kHz mono int16 audio, any length: from the media track, or sent
+        by the client as data (``from_track=False``), which silences the track."""
+        if self._closed or (from_track and self._track_muted):
             return
+        if not from_track and not self._track_muted:
+            self._track_muted = True
+            self._pending = np.zeros(0, dtype=np.int16)
         data = np.concatenate((self._pending, samples)) if self._pending.size else samples
         full = len(data) - len(data) % FRAME_SAMPLES
+        detection = self.turn_detection
         for start in range(0, full, FRAME_SAMPLES):
             frame = data[start : start + FRAME_SAMPLES]
             probability = self._speech.probability(frame)
-            if probability >= self.config.turn.threshold:
+            voiced = probability >= self._detector.threshold
+            if voiced:
                 self._last_voiced_at = now()
+            if detection is None:
+                self._manual.push(frame, voiced)
+                continue
             for event in self._detector.push(frame, probability):
                 self._handle(event)
         self._pending = data[full:]
+        if detection is None:
+            return
         if self._partials is not None and self._item_id is not None and self._detector.in_turn:
             self._partials.on_audio(
                 self._item_id, self._detector.turn_ms, self._detector.turn_audio
@@ -176,9 +219,24 @@ class VoiceSession:
         self._emit(UserSpeechStarted(self._item_id, event.audio_start_ms))
         # Barge-in: the user talks over the assistant (or over a reply still
         # being prepared for their previous turn).
-        if self._response is not None and self._response.status == "in_progress":
+        if self._interrupts() and self._replying():
+            assert self._response is not None
             self._response.cancel("turn_detected")
         self._drop_speculation()
+
+    def _replying(self) -> bool:
+        return self._response is not None and self._response.status == "in_progress"
+
+    def _interrupts(self) -> bool:
+        return self.turn_detection is None or self.turn_detection.interrupt_response
+
+    def _answers_turns(self) -> bool:
+        """Whether a turn that ends is answered now: turns are detected, with
+        replies, and speaking may interrupt the reply being given if there is one."""
+        detection = self.turn_detection
+        if detection is None or not detection.create_response:
+            return False
+        return detection.interrupt_response or not self._replying()
 
     # -- speculation ------------------------------------------------------------
     def _start_speculation(self, event: Paused) -> None:
@@ -210,7 +268,7 @@ class VoiceSession:
         if self._speculation is not spec or gen != self._generation or self._closed:
             return
         text = (task.result() or "").strip()
-        if text:
+        if text and self._answers_turns():
             spec.response = self._new_response(text, spec.metrics)
 
     def _drop_speculation(self) -> None:
@@ -249,8 +307,18 @@ class VoiceSession:
             if self._last_voiced_at is None
             else min(self._last_voiced_at, metrics.turn_end)
         )
+        self._start_turn(event, item_id, spec, metrics, self._generation)
+
+    def _start_turn(
+        self,
+        event: TurnEnded,
+        item_id: str,
+        spec: _Speculation | None,
+        metrics: TurnMetrics,
+        generation: int,
+    ) -> None:
         task = asyncio.create_task(
-            self._finish_turn(event, item_id, spec, metrics, self._generation),
+            self._finish_turn(event, item_id, spec, metrics, generation),
             name=f"turn-{item_id}",
         )
         self._turn_tasks.add(task)
@@ -279,11 +347,17 @@ class VoiceSession:
         if metrics.stt_start is not None and metrics.stt_done is not None:
             self.stt_latency.add(metrics.stt_done - metrics.stt_start)
         self._emit(UserTranscript(item_id, text))
-        if text:
-            self.conversation.add_user(text)
+        answer = self._answers_turns()
+        if text and answer:
+            self.conversation.add_user(text, item_id)
+        elif text:
+            # Not answered now: heard over a reply, it joins the history after that reply.
+            self.add_user_text(text, item_id)
         response = spec.response if spec is not None else None
-        if not text or generation != self._generation or self._closed:
-            # Nothing was said, or the user has already started another turn.
+        stale = generation != self._generation or self._closed
+        if not text or stale or not answer:
+            # Nothing was said, the user has already started another turn, or
+            # this turn is not to be answered (by settings, or over a reply).
             if response is not None:
                 response.cancel("superseded")
             return
@@ -302,6 +376,8 @@ class VoiceSession:
         try:
             async with asyncio.timeout(timeout_s):
                 early = await spec.stt_task if spec is not None else None
+                if early is None and not event.audio.size:
+                    early = ""  # a turn taken by hand in which the VAD heard no speech
                 if early is None:  # no speculation, or it was shed under load
                     metrics.speculative = False
                     metrics.stt_start = now()
@@ -345,29 +421,39 @@ class VoiceSession:
         self,
         user_text: str | None,
         metrics: TurnMetrics,
-        instructions: str | None = None,
-        max_tokens: int | None = None,
+        request: ResponseRequest | None = None,
         failure: SessionError | None = None,
     ) -> Response:
+        request = request or ResponseRequest()
         reply = self.config.reply
-        if max_tokens is not None:
-            reply = dataclasses.replace(reply, max_tokens=max_tokens)
+        if request.max_output_tokens is not None:
+            reply = dataclasses.replace(reply, max_tokens=request.max_output_tokens)
+        if request.context is not None:
+            messages = self.conversation.prompt(list(request.context), request.instructions)
+        else:
+            messages = self.conversation.messages_for(user_text, request.instructions)
+        tools = self.tools
+        if request.tools is not None:
+            server = self.config.tools.specs if self.config.tools is not None else []
+            tools = [*server, *request.tools]
         response = Response(
             response_id=new_id("resp"),
             item_id=new_id("item"),
-            messages=self.conversation.messages_for(user_text, instructions),
+            messages=messages,
             llm=self.models.llm,
             tts=self.models.tts,
             output=self.output,
-            conversation=self.conversation,
+            conversation=self.conversation if request.in_conversation else None,
             emit=self._emit,
             reply=reply,
             metrics=metrics,
             on_finished=self._on_response_finished,
-            tools=self.tools,
-            tool_choice=self.tool_choice,
+            tools=tools,
+            tool_choice=self.tool_choice if request.tool_choice is None else request.tool_choice,
             server_tools=self.config.tools,
             failure=failure,
+            audio=self.audio_output if request.audio is None else request.audio,
+            metadata=request.metadata,
         )
         self._live_responses.add(response)
         response.start()
@@ -404,8 +490,8 @@ class VoiceSession:
     def _on_response_finished(self, response: Response) -> None:
         if response is self._response:
             held, self._held_texts = self._held_texts, []
-            for text in held:
-                self.conversation.add_user(text)
+            for text, item_id in held:
+                self.conversation.add_user(text, item_id)
         self.prefill_next_turn()
         spans = response.metrics.spans()
         log.info(
@@ -437,13 +523,15 @@ class VoiceSession:
         tools: list[ToolSpec] | None = None,
         tool_choice: ToolChoice | None = None,
         max_output_tokens: int | None = None,
+        audio_output: bool | None = None,
     ) -> None:
         if instructions is not None:
             self.conversation.instructions = instructions
             self.config.instructions = instructions
-        if silence_ms is not None:
-            self._detector.set_silence_ms(silence_ms)
-            self._silence_ms = silence_ms
+        if silence_ms is not None and self.turn_detection is not None:
+            self.set_turn_detection(dataclasses.replace(self.turn_detection, silence_ms=silence_ms))
+        if audio_output is not None:
+            self.audio_output = audio_output
         if tools is not None:
             self.client_tools = tools
         if tool_choice is not None:
@@ -451,37 +539,136 @@ class VoiceSession:
         if max_output_tokens is not None:
             self.config.reply = dataclasses.replace(self.config.reply, max_tokens=max_output_tokens)
 
-    def add_user_text(self, text: str) -> None:
+    def set_turn_detection(self, detection: TurnDetection | None) -> None:
+        """Detect turns with these settings, or (None) take them by hand.
+        Changing between the two forgets the turn in progress."""
+        automatic_before = self.turn_detection is not None
+        self.turn_detection = detection
+        if (detection is not None) != automatic_before:
+            self._abandon_turn()
+        if detection is None:
+            return
+        self._detector.set_silence_ms(detection.silence_ms)
+        self._silence_ms = detection.silence_ms
+        self._detector.threshold = detection.threshold
+        self._detector.set_preroll_ms(detection.preroll_ms)
+
+    def commit_input(self) -> str | None:
+        """End the user's turn now (push-to-talk, or ahead of the detector):
+        it is transcribed, and answered if turns are being answered. The new
+        item's id, or None when there is no turn to commit."""
+        if self._closed:
+            return None
+        if self.turn_detection is not None:
+            item_id = self._item_id
+            ended = self._detector.end_turn()
+            if ended is None or item_id is None:
+                return None
+            self._on_turn_ended(ended)
+            return item_id
+        audio = self._manual.take()
+        if audio is None:
+            return None
+        item_id = new_id("item")
+        self._emit(UserTurnCommitted(item_id))
+        end_ms = len(audio) * 1000 // SAMPLE_RATE
+        event = TurnEnded(audio=audio, audio_start_ms=0, audio_end_ms=end_ms, silence_ms=0)
+        metrics = TurnMetrics()
+        metrics.turn_end = metrics.speech_end = now()
+        self._start_turn(event, item_id, None, metrics, self._generation)
+        return item_id
+
+    def clear_input(self) -> None:
+        """Forget the user's audio not yet committed."""
+        self._manual.clear()
+        self._abandon_turn()
+
+    def _abandon_turn(self) -> None:
+        if self._partials is not None:
+            self._partials.stop()
+        self._detector.reset()
+        self._drop_speculation()
+        self._item_id = None
+        self._pending = np.zeros(0, dtype=np.int16)
+
+    def add_user_text(self, text: str, item_id: str | None = None) -> None:
         """A typed user message (``conversation.item.create``); no reply by
         itself. While a reply is being given it waits for that reply's own
         message, which joins the history only when the reply ends."""
-        if self._response is not None and self._response.status == "in_progress":
-            self._held_texts.append(text)
+        if self._replying():
+            self._held_texts.append((text, item_id))
         else:
-            self.conversation.add_user(text)
+            self.conversation.add_user(text, item_id)
 
-    def add_function_output(self, call_id: str, output: str) -> bool:
+    def add_function_output(self, call_id: str, output: str, item_id: str | None = None) -> bool:
         """The client's result for a function call it was asked to run; False
         (nothing added) unless that call was made and is still unanswered:
         an orphan result would make every later LLM request invalid."""
         if not self.conversation.has_open_call(call_id):
             return False
-        self.conversation.add(ChatMessage("tool", output, tool_call_id=call_id))
+        self.conversation.add(ChatMessage("tool", output, tool_call_id=call_id), item_id)
         return True
 
-    def create_response(
-        self, instructions: str | None = None, max_output_tokens: int | None = None
-    ) -> bool:
-        """Reply to the conversation as it stands (``response.create``);
-        False while a reply is already being given."""
-        if self._closed:
-            return False
-        if self._response is not None and self._response.status == "in_progress":
+    # -- conversation items --------------------------------------------------------
+    def item_message(self, item_id: str) -> ChatMessage | None:
+        """The history's message for an item (a typed text still held counts)."""
+        held = next((text for text, held_id in self._held_texts if held_id == item_id), None)
+        if held is not None:
+            return ChatMessage("user", held)
+        return self.conversation.message(item_id)
+
+    def delete_item(self, item_id: str) -> bool:
+        """Take an item's words out of the history; False if it holds none."""
+        held = len(self._held_texts)
+        self._held_texts = [(t, i) for t, i in self._held_texts if i != item_id]
+        return self.conversation.delete(item_id) or len(self._held_texts) != held
+
+    def delete_function_call(self, call_id: str) -> bool:
+        """Take a function call (and its result) out of the history."""
+        return self.conversation.delete_call(call_id)
+
+    def truncate_item(self, item_id: str, audio_end_ms: int) -> str:
+        """Keep only the words of a reply heard by ``audio_end_ms`` of its
+        audio; returns them ("" when the history holds none of them)."""
+        spoken = self.conversation.spoken(item_id)
+        if spoken is None:
+            return ""
+        if audio_end_ms > spoken.played_ms:
+            raise ItemError(
+                f"audio_end_ms {audio_end_ms} is beyond the item's audio "
+                f"({spoken.played_ms} ms were played)"
+            )
+        kept = self.conversation.truncate(item_id, audio_end_ms)
+        return kept or ""
+
+    def create_response(self, request: ResponseRequest | None = None) -> bool:
+        """Reply to the conversation as it stands (``response.create``), or
+        to the context the request gives; False while a reply is being given."""
+        if self._closed or self._replying() or self._deferred_reply is not None:
             return False
         self._drop_speculation()
-        response = self._new_response(None, TurnMetrics(), instructions, max_output_tokens)
-        self._play(response)
+        transcribing = [task for task in self._turn_tasks if not task.done()]
+        if transcribing:
+            # A turn committed just before (push-to-talk: commit, then
+            # response.create) is part of what this reply answers.
+            self._deferred_reply = asyncio.create_task(
+                self._reply_after(transcribing, request), name="reply-after-turn"
+            )
+            return True
+        self._play(self._new_response(None, TurnMetrics(), request))
         return True
+
+    async def _reply_after(
+        self, turns: list[asyncio.Task[None]], request: ResponseRequest | None
+    ) -> None:
+        try:
+            await asyncio.wait(turns)
+        finally:
+            if self._deferred_reply is asyncio.current_task():
+                self._deferred_reply = None
+        # That turn may have been answered by itself (turn detection on).
+        if not self._closed and not self._replying():
+            self._play(self._new_response(None, TurnMetrics(), request))
 
     def stt_stats(self) -> dict[str, object]:
         """Per-session STT latency, finals and (when on) partials."""
@@ -498,9 +685,14 @@ class VoiceSession:
         return self._silence_ms
 
     def cancel_response(self, reason: str = "client_cancelled") -> bool:
-        """Cancel the reply being played; False when there is none."""
+        """Cancel the reply being played (or waiting for a turn's transcript);
+        False when there is none."""
         self._drop_speculation()
-        if self._response is None or self._response.status != "in_progress":
+        if self._deferred_reply is not None:
+            self._deferred_reply.cancel()
+            self._deferred_reply = None
+            return True
+        if self._response is None or not self._replying():
             return False
         self._response.cancel(reason)
         return True
@@ -523,7 +715,11 @@ class VoiceSession:
         self._drop_speculation()
         if self._partials is not None:
             self._partials.stop()
-        tasks = [*self._turn_tasks, *([self._prefill_task] if self._prefill_task else [])]
+        tasks = [
+            *self._turn_tasks,
+            *([self._prefill_task] if self._prefill_task else []),
+            *([self._deferred_reply] if self._deferred_reply else []),
+        ]
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -62,6 +62,7 @@ TurnEvent = SpeechStarted | Paused | Resumed | TurnEnded
 class TurnDetector:
     def __init__(self, config: TurnConfig) -> None:
         self.config = config
+        self.threshold = config.threshold  # speech probability that counts as voiced
         self._start_frames = max(1, config.speech_start_ms // FRAME_MS)
         self._end_frames = max(1, config.turn_silence_ms // FRAME_MS)
         self._early_frames = max(1, min(config.early_ms, config.turn_silence_ms) // FRAME_MS)
@@ -93,6 +94,25 @@ class TurnDetector:
         self._end_frames = max(1, silence_ms // FRAME_MS)
         self._early_frames = max(1, min(self.config.early_ms, silence_ms) // FRAME_MS)
 
+    def set_preroll_ms(self, preroll_ms: int) -> None:
+        """Keep this much audio from before an onset (from the next turn on)."""
+        kept = list(self._preroll)
+        self._preroll = deque(kept, maxlen=max(1, preroll_ms // FRAME_MS))
+
+    def end_turn(self) -> TurnEnded | None:
+        """End the turn in progress now (the client committed it), as if its
+        silence had run out; None outside a turn."""
+        if not self._in_turn:
+            return None
+        ended = TurnEnded(
+            audio=self._voiced_audio(),
+            audio_start_ms=self._ms(self._turn_start_frame),
+            audio_end_ms=self._end_ms(),
+            silence_ms=self._silent_frames * FRAME_MS,
+        )
+        self.reset()
+        return ended
+
     def reset(self) -> None:
         self._turn.clear()
         self._recent.clear()
@@ -102,7 +122,7 @@ class TurnDetector:
 
     def push(self, frame: np.ndarray, probability: float) -> list[TurnEvent]:
         """One 20 ms frame and its speech probability; returns what happened."""
-        voiced = probability >= self.config.threshold
+        voiced = probability >= self.threshold
         self._frame_index += 1
         if not self._in_turn:
             return self._push_idle(frame, voiced)

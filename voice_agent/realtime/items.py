@@ -1,0 +1,145 @@
+"""The conversation's items as the client knows them, and the client events
+that work on them: ``conversation.item.retrieve``, ``.delete`` and
+``.truncate``. Deleting or truncating changes the history the LLM sees next
+(the session does that); this module keeps the items' wire form."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from voice_agent.realtime.errors import ClientEventError
+from voice_agent.session.session import ItemError, VoiceSession
+
+JsonDict = dict[str, Any]
+# Items kept for retrieval (the oldest are forgotten first); the history the
+# LLM sees is shorter still (--llm-history-turns).
+MAX_ITEMS = 1024
+
+
+class ItemLog:
+    """Items in conversation order, each as last told to the client."""
+
+    def __init__(self, limit: int = MAX_ITEMS) -> None:
+        self._items: OrderedDict[str, JsonDict] = OrderedDict()
+        self._limit = limit
+        self._busy: set[str] = set()  # items still being transcribed or generated
+
+    @property
+    def last_id(self) -> str | None:
+        return next(reversed(self._items), None)
+
+    def place(self, item: JsonDict, busy: bool = False) -> str | None:
+        """Append an item; returns the id of the item before it."""
+        previous = self.last_id
+        self._items[item["id"]] = item
+        if busy:
+            self._busy.add(item["id"])
+        while len(self._items) > self._limit:
+            forgotten, _ = self._items.popitem(last=False)
+            self._busy.discard(forgotten)
+        return previous
+
+    def update(self, item: JsonDict) -> None:
+        """An item's final form (kept in its place)."""
+        if item["id"] in self._items:
+            self._items[item["id"]] = item
+        self._busy.discard(item["id"])
+
+    def get(self, item_id: str) -> JsonDict | None:
+        return self._items.get(item_id)
+
+    def remove(self, item_id: str) -> None:
+        self._items.pop(item_id, None)
+        self._busy.discard(item_id)
+
+    def busy(self, item_id: str) -> bool:
+        return item_id in self._busy
+
+
+class ItemEvents:
+    def __init__(
+        self, session: VoiceSession, log: ItemLog, send: Callable[[JsonDict], None]
+    ) -> None:
+        self.session = session
+        self.log = log
+        self._send = send
+
+    def handlers(self) -> dict[str, Callable[[JsonDict], None]]:
+        return {
+            "conversation.item.retrieve": self.retrieve,
+            "conversation.item.delete": self.delete,
+            "conversation.item.truncate": self.truncate,
+        }
+
+    def _find(self, event: JsonDict) -> tuple[str, JsonDict]:
+        item_id = event.get("item_id")
+        if not isinstance(item_id, str) or not item_id:
+            raise ClientEventError("invalid_value", "item_id must be a string", "item_id")
+        item = self.log.get(item_id)
+        if item is None:
+            raise ClientEventError(
+                "item_not_found", f"no item {item_id!r} in the conversation", "item_id"
+            )
+        return item_id, item
+
+    def retrieve(self, event: JsonDict) -> None:
+        _, item = self._find(event)
+        self._send({"type": "conversation.item.retrieved", "item": item})
+
+    def delete(self, event: JsonDict) -> None:
+        item_id, item = self._find(event)
+        if self.log.busy(item_id):
+            raise ClientEventError(
+                "item_in_progress",
+                f"item {item_id!r} is still being transcribed or generated; "
+                "delete it once it is done (conversation.item.done)",
+                "item_id",
+            )
+        if item.get("type") == "function_call":
+            self.session.delete_function_call(str(item.get("call_id")))
+        else:
+            self.session.delete_item(item_id)
+        self.log.remove(item_id)
+        self._send({"type": "conversation.item.deleted", "item_id": item_id})
+
+    def truncate(self, event: JsonDict) -> None:
+        item_id, item = self._find(event)
+        content_index = event.get("content_index", 0)
+        if content_index != 0 or isinstance(content_index, bool):
+            raise ClientEventError(
+                "invalid_value",
+                "content_index must be 0 (an audio message's only part)",
+                "content_index",
+            )
+        audio_end_ms = event.get("audio_end_ms")
+        if not isinstance(audio_end_ms, int) or isinstance(audio_end_ms, bool) or audio_end_ms < 0:
+            raise ClientEventError(
+                "invalid_value", "audio_end_ms must be an integer of at least 0", "audio_end_ms"
+            )
+        if self.log.busy(item_id):
+            raise ClientEventError(
+                "item_in_progress",
+                f"item {item_id!r} is still in progress; cancel the response "
+                "(response.cancel) or truncate it once it is done",
+                "item_id",
+            )
+        content = item.get("content") or [{}]
+        if item.get("role") != "assistant" or content[0].get("type") != "output_audio":
+            raise ClientEventError(
+                "invalid_value", "only an assistant's audio message can be truncated", "item_id"
+            )
+        try:
+            kept = self.session.truncate_item(item_id, audio_end_ms)
+        except ItemError as exc:
+            raise ClientEventError("invalid_value", str(exc), "audio_end_ms") from None
+        self.log.update({**item, "content": [{**content[0], "transcript": kept}]})
+        self._send(
+            {
+                "type": "conversation.item.truncated",
+                "item_id": item_id,
+                "content_index": 0,
+                "audio_end_ms": audio_end_ms,
+            }
+        )
