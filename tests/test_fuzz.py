@@ -49,8 +49,8 @@ from tests.fuzz_inputs import (
 )
 from tests.leaks import assert_nothing_left, held
 from tests.logged import Logged
+from tests.realtime_events import typed
 from tests.scripted_llm import Script, ScriptedLlmServer, scripted_llm_server, text_events
-from tests.test_llm_e2e import typed
 from tests.test_llm_proxy import proxied
 from tests.test_signaling import CALLS, real_offer
 from voice_agent.client import RealtimeClient

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
+from tests.audio_data import librivox, reference, silence, word_error_rate
 from tests.conftest import RunningServer, ServerFactory
+from voice_agent.audio.resample import StreamResampler
 
 pytestmark = pytest.mark.e2e
 
@@ -89,33 +91,39 @@ async def test_a_typed_turn_over_a_websocket_is_answered_in_paced_audio_deltas(
 async def test_openais_python_sdk_talks_to_the_websocket_unchanged(
     server_factory: ServerFactory,
 ) -> None:
+    """A spoken turn in as appended audio, the transcript and audio deltas
+    out, through OpenAI's own client, unchanged but for its base URL."""
     server = await server_factory(auth="required", api_keys=["sk-sdk"])
     client = AsyncOpenAI(base_url=server.url + "/v1", api_key="sk-sdk")
+    speech = StreamResampler(16_000, WIRE_RATE).process(
+        np.concatenate((librivox("0930"), silence(1.0))), last=True
+    )
     async with client.realtime.connect(model="default") as connection:
         first = await asyncio.wait_for(connection.recv(), 10)
         assert first.type == "session.created"
         await connection.session.update(
             session={"type": "realtime", "instructions": "Answer in one short sentence."}
         )
-        await connection.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "What is the capital of France?"}],
-            }
-        )
-        await connection.response.create()
+        chunk = WIRE_RATE // 10  # 100 ms, as clients typically send
+        for start in range(0, speech.size, chunk):
+            pcm = speech[start : start + chunk].astype("<i2").tobytes()
+            await connection.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
         kinds: list[str] = []
+        heard = ""
         audio = b""
         async with asyncio.timeout(60):
             async for event in connection:
                 kinds.append(event.type)
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    heard = event.transcript
                 if event.type == "response.output_audio.delta":
                     audio += base64.b64decode(event.delta)
                 if event.type == "response.done":
                     assert event.response.status == "completed"
                     break
-        assert "session.updated" in kinds and "response.output_audio_transcript.delta" in kinds
+        assert word_error_rate(reference("0930"), heard) <= 0.2, heard
+        assert "session.updated" in kinds and "input_audio_buffer.speech_started" in kinds
+        assert "response.output_audio_transcript.delta" in kinds
         assert len(audio) > WIRE_RATE  # over half a second of PCM16
     await client.close()
 
