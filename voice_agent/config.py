@@ -268,6 +268,11 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="Logging level.")
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")
     preload: bool = Field(True, description="Load every model before accepting calls.")
+    debug_endpoints: bool = Field(
+        False,
+        description="Serve /debug/memory and /debug/tracemalloc (live objects, tasks, heap): "
+        "for soak tests only, each request walks every object on the event loop.",
+    )
 
     @field_validator("cors_origins", "ice_servers", "ice_host_addresses", mode="before")
     @classmethod

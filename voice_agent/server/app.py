@@ -25,6 +25,7 @@ from voice_agent.engine import Engine
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.calls import CallRegistry
+from voice_agent.server.debug import add_debug_routes
 from voice_agent.server.limits import OfferRateLimiter, retry_after
 from voice_agent.server.llm_proxy import add_llm_proxy
 from voice_agent.server.sdk import add_sdk_routes
@@ -356,6 +357,8 @@ def build_app(settings: Settings, engine: Engine) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/", index)
+    if settings.debug_endpoints:
+        add_debug_routes(app, app[CALLS])
     if settings.enable_llm_proxy:
         add_llm_proxy(app, lambda: engine.llm_config, settings.llm_proxy_max_body_bytes)
     if WEB_DIR.is_dir():
