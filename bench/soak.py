@@ -140,6 +140,7 @@ class Sample:
     phase: str
     calls: int
     rss_mb: float
+    anon_mb: float  # of rss_mb: heap and stacks, not mapped files (code, weights)
     child_mb: float
     fds: int
     threads: int
@@ -150,6 +151,7 @@ class Sample:
 
     def counters(self) -> dict[str, float]:
         values: dict[str, float] = {
+            "server anon RSS MB": self.anon_mb,
             "child RSS MB": self.child_mb,
             "fds": self.fds,
             "threads": self.threads,
@@ -172,6 +174,7 @@ async def sample(
         phase=phase,
         calls=calls,
         rss_mb=proc_status(pid, "VmRSS") / 1024,
+        anon_mb=proc_status(pid, "RssAnon") / 1024,
         child_mb=sum(proc_status(c, "VmRSS") for c in children(pid)) / 1024,
         fds=len(os.listdir(f"/proc/{pid}/fd")),
         threads=proc_status(pid, "Threads"),
@@ -267,12 +270,14 @@ def report(run: Run, wall_s: float) -> None:
         f"({run.calls} calls, {wall_s / 60:.0f} min), {allocator}{extras}\n"
     )
     heap = run.samples[-1].heap is not None
-    header = ["phase", "calls", "RSS MB", "child RSS MB"]
+    header = ["phase", "calls", "RSS MB", "anon MB", "child RSS MB"]
     header += ["heap used MB", "heap free MB", "arenas"] if heap else []
     header += ["fds", "threads", "tasks", *[short for _, short in OBJECTS]]
     rows = []
     for s in run.samples:
-        row: list[object] = [s.phase, s.calls, f"{s.rss_mb:.0f}", f"{s.child_mb:.0f}"]
+        row: list[object] = [
+            *(s.phase, s.calls, f"{s.rss_mb:.0f}", f"{s.anon_mb:.0f}", f"{s.child_mb:.0f}")
+        ]
         if heap and s.heap is not None:
             row += [
                 f"{s.heap['in_use_bytes'] / MB:.0f}",
