@@ -16,7 +16,7 @@ allocating lines that grew most.
     .venv/bin/python bench/soak.py --calls 1000 --rounds 100
     .venv/bin/python bench/soak.py --calls 30 --rounds 4 --every 10 --warmup 10
     .venv/bin/python bench/soak.py --jemalloc           # the server on jemalloc
-    .venv/bin/python bench/soak.py --trim-each-call     # malloc_trim(0) after each call
+    .venv/bin/python bench/soak.py --server-arg=--no-malloc-trim   # glibc keeps what calls free
     .venv/bin/python bench/soak.py --tracemalloc 1      # + Python allocation growth
 
 Samples are taken after the endpoint's ``gc.collect()``, so garbage waiting
@@ -196,7 +196,6 @@ class Run:
     samples: list[Sample] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    trim_s: list[float] = field(default_factory=list)
     calls: int = 0
     baseline: Sample | None = None
 
@@ -206,9 +205,6 @@ class Run:
             if "error" in outcome:
                 self.errors.append(outcome["error"])
         self.calls += len(outcomes)
-        if self.args.trim_each_call:
-            async with self.http.post(self.url + "/debug/malloc-trim") as response:
-                self.trim_s.append((await response.json())["seconds"])
 
     async def maybe_sample(self, phase: str, previous: int) -> None:
         every, warmup = self.args.every, self.args.warmup
@@ -262,9 +258,7 @@ def slope_per_100(points: list[tuple[int, float]]) -> float:
 def report(run: Run, wall_s: float) -> None:
     args = run.args
     allocator = "jemalloc" if args.jemalloc else "glibc malloc"
-    extras = (", malloc_trim(0) after each call" if args.trim_each_call else "") + (
-        f", server flags {' '.join(args.server_arg)}" if args.server_arg else ""
-    )
+    extras = f", server flags {' '.join(args.server_arg)}" if args.server_arg else ""
     print(
         f"\n## {args.calls} sequential calls + {args.rounds} rounds of {CONCURRENT} at once "
         f"({run.calls} calls, {wall_s / 60:.0f} min), {allocator}{extras}\n"
@@ -290,12 +284,6 @@ def report(run: Run, wall_s: float) -> None:
 
     outcomes = ", ".join(f"{n} {status}" for status, n in sorted(run.outcomes.items()))
     print(f"\nCalls: {outcomes}" + (f"; first error: {run.errors[0]}" if run.errors else ""))
-    if run.trim_s:
-        ordered = sorted(run.trim_s)
-        print(
-            f"malloc_trim(0): p50 {ordered[len(ordered) // 2] * 1000:.1f} ms, "
-            f"max {ordered[-1] * 1000:.1f} ms (in a thread, off the event loop)"
-        )
     base = run.baseline
     if base is None:
         return
@@ -355,6 +343,31 @@ def report(run: Run, wall_s: float) -> None:
         )
 
 
+async def closing_notes(http: aiohttp.ClientSession, url: str) -> None:
+    """Outbound pacing over the run, the service's own trims, and how much of
+    the RSS is free heap glibc kept (given back once, at the end)."""
+    async with http.get(url + "/v1/stats") as response:
+        pacing = (await response.json())["pacing"]
+    print(
+        f"\nOutbound frames: {pacing['frames']}, later than 20 ms: {pacing['late_over_20ms']}, "
+        f"worst {pacing['max_late_ms']:.0f} ms"
+    )
+    async with http.get(url + "/debug/memory") as response:
+        trims = (await response.json())["trims_after_calls"]
+    if trims["trims"]:
+        print(
+            f"Service trims after calls (--malloc-trim): {trims['trims']}, "
+            f"mean {trims['mean_ms']:.1f} ms, max {trims['max_ms']:.1f} ms, in a thread"
+        )
+    async with http.post(url + "/debug/malloc-trim") as response:
+        trim = await response.json()
+    if trim["seconds"] is not None:
+        print(
+            f"One malloc_trim(0) at the end: server RSS {trim['rss_before_bytes'] / MB:.0f}"
+            f" -> {trim['rss_after_bytes'] / MB:.0f} MB in {trim['seconds'] * 1000:.0f} ms"
+        )
+
+
 async def tracemalloc_report(http: aiohttp.ClientSession, url: str) -> None:
     async with http.get(url + "/debug/tracemalloc", params={"top": "15"}) as response:
         body = await response.json()
@@ -380,9 +393,6 @@ async def main() -> None:
     parser.add_argument("--warmup", type=int, default=50, help="calls before the baseline")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds before a sample")
     parser.add_argument("--jemalloc", action="store_true", help=f"LD_PRELOAD {JEMALLOC}")
-    parser.add_argument(
-        "--trim-each-call", action="store_true", help="POST /debug/malloc-trim after each call"
-    )
     parser.add_argument(
         "--tracemalloc", type=int, default=0, help="server PYTHONTRACEMALLOC frames (0 = off)"
     )
@@ -416,13 +426,7 @@ async def main() -> None:
             await run.concurrent(args.rounds)
             wall = time.monotonic() - started
             report(run, wall)
-            # How much of the RSS is free heap glibc kept: give it back once, at the end.
-            async with http.post(url + "/debug/malloc-trim") as response:
-                trim = await response.json()
-            print(
-                f"\nOne malloc_trim(0) at the end: server RSS {trim['rss_before_bytes'] / MB:.0f}"
-                f" -> {trim['rss_after_bytes'] / MB:.0f} MB in {trim['seconds'] * 1000:.0f} ms"
-            )
+            await closing_notes(http, url)
             if args.tracemalloc and run.baseline is not None:
                 await tracemalloc_report(http, url)
     finally:

@@ -268,6 +268,11 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="Logging level.")
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")
     preload: bool = Field(True, description="Load every model before accepting calls.")
+    malloc_trim: bool = Field(
+        True,
+        description="After each call, give the C heap's free pages back to the kernel "
+        "(glibc malloc_trim, in a thread, a few ms): without it, RSS keeps what calls freed.",
+    )
     debug_endpoints: bool = Field(
         False,
         description="Serve /debug/memory and /debug/tracemalloc (live objects, tasks, heap): "

@@ -13,6 +13,7 @@ jemalloc preloaded) these are no-ops that report nothing.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import logging
@@ -45,6 +46,8 @@ def _load_libc() -> ctypes.CDLL | None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
+    if hasattr(ctypes.CDLL(None), "mallctl"):
+        return None  # jemalloc preloaded: glibc's heap is not the one in use
     if not all(hasattr(libc, name) for name in ("mallinfo2", "malloc_trim", "malloc_info")):
         return None  # not glibc >= 2.33
     libc.mallinfo2.restype = _MallInfo2
@@ -99,3 +102,51 @@ def trim_heap() -> float | None:
     started = time.perf_counter()
     _LIBC.malloc_trim(0)
     return time.perf_counter() - started
+
+
+class HeapTrimmer:
+    """Gives free heap back after each call, in a thread, one trim at a time
+    (calls ending during a trim ask for one more, not one each)."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+        self.trims = 0
+        self.total_s = 0.0
+        self.max_s = 0.0
+
+    def request(self) -> None:
+        if _LIBC is None:
+            return
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="malloc-trim")
+
+    async def _run(self) -> None:
+        while True:
+            self._again = False
+            seconds = await asyncio.to_thread(trim_heap)
+            if seconds is not None:
+                self.trims += 1
+                self.total_s += seconds
+                self.max_s = max(self.max_s, seconds)
+                log.debug("heap trimmed", extra={"ms": round(seconds * 1000, 2)})
+            if not self._again:
+                return
+
+    async def wait(self) -> None:
+        """Until the trim in progress (if any) is done."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    def stats(self) -> dict[str, float | int]:
+        return {
+            "trims": self.trims,
+            "mean_ms": round(self.total_s / self.trims * 1000, 2) if self.trims else 0.0,
+            "max_ms": round(self.max_s * 1000, 2),
+        }
+
+
+# One heap per process, so one trimmer.
+TRIMMER = HeapTrimmer()

@@ -27,6 +27,7 @@ from aiortc import (
 )
 
 from voice_agent.config import Settings
+from voice_agent.memory import TRIMMER
 from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.inbound import pump_inbound_audio
 from voice_agent.rtc.outbound import PacedAudioTrack
@@ -227,3 +228,7 @@ class Call:
             finally:
                 self.closed.set()
                 self._on_closed(self)
+                if self.settings.malloc_trim:
+                    # What the call freed goes back to the kernel, not into
+                    # glibc's arenas (where it stays resident).
+                    TRIMMER.request()

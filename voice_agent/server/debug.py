@@ -39,7 +39,7 @@ from aiortc import (
     RTCSctpTransport,
 )
 
-from voice_agent.memory import heap_stats, trim_heap
+from voice_agent.memory import TRIMMER, heap_stats, trim_heap
 from voice_agent.rtc.call import Call
 from voice_agent.server.calls import CallRegistry
 from voice_agent.session.response import Response
@@ -101,6 +101,7 @@ def add_debug_routes(app: web.Application, calls: CallRegistry) -> None:
             "gc_objects": len(objects),
             "objects": live_objects(objects),
             "heap": heap_stats(),
+            "trims_after_calls": TRIMMER.stats(),
         }
         if request.query.get("types"):
             body["types"] = objects_by_type(objects)
