@@ -12,14 +12,17 @@ import aiohttp
 from tests.ports import free_port
 
 
-async def start_server(*flags: str) -> tuple[asyncio.subprocess.Process, str]:
-    """The server process (embedded models, loopback media) and its URL."""
+async def start_server(
+    *flags: str, env: dict[str, str] | None = None
+) -> tuple[asyncio.subprocess.Process, str]:
+    """The server process (embedded models, loopback media) and its URL;
+    ``env`` adds to (or overrides) this process's environment."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "voice_agent", "serve", "--port", str(port)),
         *("--ice-host-addresses", "127.0.0.1", "--log-level", "WARNING"),
         *flags,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     return process, f"http://127.0.0.1:{port}"
 

@@ -353,6 +353,16 @@ class Settings(BaseSettings):
         description="A callback that blocks the event loop longer than this is logged as a "
         "warning naming it, and counted in /v1/stats under loop.",
     )
+    malloc_trim: bool = Field(
+        True,
+        description="After each call, give the C heap's free pages back to the kernel "
+        "(glibc malloc_trim, in a thread, a few ms): without it, RSS keeps what calls freed.",
+    )
+    debug_endpoints: bool = Field(
+        False,
+        description="Serve /debug/memory and /debug/tracemalloc (live objects, tasks, heap): "
+        "for soak tests only, each request walks every object on the event loop.",
+    )
 
     @field_validator("cors_origins", "ice_servers", "ice_host_addresses", "api_keys", mode="before")
     @classmethod

@@ -28,6 +28,7 @@ from aiortc import (
 
 from voice_agent import observability
 from voice_agent.config import Settings
+from voice_agent.memory import TRIMMER
 from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
@@ -259,3 +260,7 @@ class Call:
             finally:
                 self.closed.set()
                 self._on_closed(self)
+                if self.settings.malloc_trim:
+                    # What the call freed goes back to the kernel, not into
+                    # glibc's arenas (where it stays resident).
+                    TRIMMER.request()

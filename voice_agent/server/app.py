@@ -51,6 +51,7 @@ from voice_agent.server.auth import (
     with_bound_session,
 )
 from voice_agent.server.calls import CallRegistry
+from voice_agent.server.debug import add_debug_routes
 from voice_agent.server.errors import error_response
 from voice_agent.server.limits import OfferRateLimiter
 from voice_agent.server.llm_proxy import add_llm_proxy
@@ -507,6 +508,8 @@ def build_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/metrics", metrics)
+    if settings.debug_endpoints:
+        add_debug_routes(app, app[CALLS])
     add_shared_routes(app, settings, engine)
 
     async def on_shutdown(app: web.Application) -> None:

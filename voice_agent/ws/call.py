@@ -32,6 +32,7 @@ from aiortc.mediastreams import MediaStreamError
 from voice_agent import observability
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import Settings
+from voice_agent.memory import TRIMMER
 from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.outbound import SAMPLE_RATE, PacedAudioTrack
 from voice_agent.session.events import AssistantAudioStarted, ResponseStarted, SessionEvent
@@ -58,6 +59,7 @@ class WebSocketCall:
         on_closed: Callable[[WebSocketCall], None],
     ) -> None:
         self.id = call_id
+        self._trim_heap = settings.malloc_trim
         self._ws = ws
         self._on_closed = on_closed
         self.output = PacedAudioTrack(buffer_ms=settings.output_buffer_ms, dtx=True)
@@ -173,3 +175,5 @@ class WebSocketCall:
         finally:
             self.closed.set()
             self._on_closed(self)
+            if self._trim_heap:
+                TRIMMER.request()  # as a WebRTC call does: what it freed goes back
