@@ -58,4 +58,6 @@ async def test_a_turn_shows_in_the_metrics(
     assert grew("voice_agent_calls_refused_total{reason=unauthorized}") == 1
     assert after["voice_agent_outbound_frames_total{}"] > 0
     assert after["voice_agent_llm_ready{}"] == 1
+    assert 0 <= after["voice_agent_event_loop_lag_seconds{quantile=0.99}"] < 5
+    assert "voice_agent_event_loop_stalls_total{}" in after
     assert after["process_resident_memory_bytes{}"] > 50e6

@@ -355,6 +355,7 @@ def live_state(app: web.Application) -> LiveState:
         pacing=pacing,
         stt=stt,
         llm=engine.llm_health,
+        loop=app[LOOP_HEALTH].snapshot,
     )
 
 

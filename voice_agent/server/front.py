@@ -325,6 +325,7 @@ async def metrics(request: web.Request) -> web.StreamResponse:
         pacing=lambda: None,
         stt=stt,
         llm=engine.llm_health,
+        loop=request.app[LOOP_HEALTH].snapshot,
     )
     expositions = {"front": render(own).decode()}
     up = [w for w in pool.workers if w.up and w.http is not None]

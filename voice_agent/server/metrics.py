@@ -2,7 +2,8 @@
 
 What happened (replies by outcome, per-stage latency histograms, errors by
 code: ``observability.py``) is counted as it happens; the live state (calls,
-outbound pacing, STT batch sizes, refusals, the embedded LLM's restarts) is
+outbound pacing, STT batch sizes, refusals, event-loop lag and stalls, the
+embedded LLM's restarts) is
 read from the application at scrape time; ``process_*`` is
 prometheus-client's own (CPU seconds, resident memory). With ``--workers``
 the front scrapes each worker on its socket and merges every family into
@@ -38,9 +39,10 @@ class LiveState:
         pacing: Callable[[], dict[str, Any] | None],
         stt: Callable[[], dict[str, Any]],
         llm: Callable[[], dict[str, Any] | None],
+        loop: Callable[[], dict[str, Any]],
     ) -> None:
         self.calls, self.ended, self.refused = calls, ended, refused
-        self.pacing, self.stt, self.llm = pacing, stt, llm
+        self.pacing, self.stt, self.llm, self.loop = pacing, stt, llm, loop
 
 
 class LiveCollector(Collector):
@@ -80,6 +82,20 @@ class LiveCollector(Collector):
             for size, count in batches.items():
                 family.add_metric([str(size)], count)
             yield family
+        loop = state.loop()
+        lag = GaugeMetricFamily(
+            "voice_agent_event_loop_lag_seconds",
+            "How late the event loop ran a 100 ms heartbeat, over the last minute.",
+            labels=["quantile"],
+        )
+        for quantile, key in (("0.5", "lag_p50_ms"), ("0.99", "lag_p99_ms"), ("1", "lag_max_ms")):
+            lag.add_metric([quantile], loop[key] / 1000.0)
+        yield lag
+        yield CounterMetricFamily(
+            "voice_agent_event_loop_stalls",
+            "Times a callback blocked the event loop past --loop-stall-ms.",
+            loop["stalls"],
+        )
         llm = state.llm()
         if llm is not None and llm.get("kind") == "embedded":
             yield CounterMetricFamily(
