@@ -111,6 +111,14 @@ async def test_a_300_ms_stall_is_logged_naming_its_culprit_and_the_call_keeps_ti
         assert watchdog_threads() == watchdogs_before
 
 
+def block_briefly() -> None:
+    block_the_loop_for(0.02)
+
+
+def block_long() -> None:
+    block_the_loop_for(0.25)
+
+
 async def test_a_blocking_callback_is_named_by_its_handle_and_short_ones_are_not_stalls() -> None:
     watchdogs_before = watchdog_threads()
     monitor = LoopHealthMonitor(stall_threshold_s=0.1)
@@ -118,21 +126,18 @@ async def test_a_blocking_callback_is_named_by_its_handle_and_short_ones_are_not
     with Logged("voice_agent.loop_health") as catcher:
         monitor.start()
         try:
-            loop.call_soon(block_the_loop_for, 0.02)  # well under the threshold
+            loop.call_soon(block_briefly)  # well under the threshold
             await asyncio.sleep(0.2)
-            loop.call_soon(block_the_loop_for, 0.25)
+            loop.call_soon(block_long)
             record = await asyncio.wait_for(
-                catcher.wait_for(
-                    lambda r: "block_the_loop_for(0.25)" in str(r.__dict__.get("handle"))
-                ),
-                2,
+                catcher.wait_for(lambda r: "block_long" in str(r.__dict__.get("handle"))), 2
             )
         finally:
             monitor.stop()
     assert record.task is None  # type: ignore[attr-defined]  # a plain callback, no task
     assert "block_the_loop_for" in record.culprit  # type: ignore[attr-defined]
     # The short one was no stall (a busy host may add stalls of its own, not named so).
-    assert not any("(0.02)" in str(r.__dict__.get("handle")) for r in catcher.records)
+    assert not any("block_briefly" in str(r.__dict__.get("handle")) for r in catcher.records)
     snapshot = monitor.snapshot()
     assert snapshot["stalls"] >= 1 and snapshot["lag_max_ms"] >= 140
     assert not monitor.running and watchdog_threads() == watchdogs_before

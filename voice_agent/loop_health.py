@@ -230,6 +230,15 @@ class LoopHealthMonitor:
                 return
 
     def _sample_loop(self) -> LoopSample:
+        """What the loop's thread is running, read from the watchdog thread;
+        whatever goes wrong reading it, the watchdog goes on."""
+        try:
+            return self._read_loop_stack()
+        except Exception as exc:
+            log.warning("could not sample the event loop's stack: %r", exc)
+            return NOT_SAMPLED
+
+    def _read_loop_stack(self) -> LoopSample:
         frame = sys._current_frames().get(self._loop_thread)
         if frame is None:
             return NOT_SAMPLED
@@ -240,7 +249,15 @@ class LoopHealthMonitor:
         walked: FrameType | None = frame
         while walked is not None:
             if walked.f_code is _HANDLE_RUN:
-                handle = _safe_repr(walked.f_locals.get("self"))
+                # The callback is the frame Handle._run called. Only code
+                # objects and line numbers are read here: reading a running
+                # frame's f_locals from another thread mutates it (and once
+                # failed inside CPython with a SystemError).
+                called = inside[-1][0] if inside else walked
+                handle = (
+                    f"{called.f_code.co_name} "
+                    f"({_short(called.f_code.co_filename)}:{called.f_code.co_firstlineno})"
+                )
                 break
             inside.append((walked, walked.f_lineno or 0))
             walked = walked.f_back
