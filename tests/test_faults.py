@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,11 +163,17 @@ class VoiceFailingOn:
         self.sample_rate = voice.sample_rate
         self.failures = 0
 
-    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
+    def voices(self) -> Sequence[str]:
+        return self.voice.voices()
+
+    async def stream(
+        self, text: str, voice: str | None = None, urgent: bool = False
+    ) -> AsyncIterator[np.ndarray]:
         if self.word in text:
             self.failures += 1
             raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Conv node failed")
-        return await self.voice.synthesize(text, urgent)
+        async for chunk in self.voice.stream(text, voice, urgent):
+            yield chunk
 
     def close(self) -> None:
         """The shared voice stays open for the other tests."""

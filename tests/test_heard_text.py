@@ -47,8 +47,13 @@ class WordTones:
     name = "tones"
     sample_rate = 48_000
 
-    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
-        return np.full(len(text.split()) * WORD_SAMPLES, 3000, dtype=np.int16)
+    def voices(self) -> Sequence[str]:
+        return ("tones",)
+
+    async def stream(
+        self, text: str, voice: str | None = None, urgent: bool = False
+    ) -> AsyncIterator[np.ndarray]:
+        yield np.full(len(text.split()) * WORD_SAMPLES, 3000, dtype=np.int16)
 
     def close(self) -> None:
         return None

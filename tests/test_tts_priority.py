@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from voice_agent.backends.base import PriorityInferenceWorker
+from voice_agent.backends.base import PriorityInferenceWorker, synthesize
 from voice_agent.backends.tts_piper import PiperTts, default_voice_path
 
 
@@ -46,7 +46,7 @@ async def test_a_first_piece_is_synthesized_before_queued_later_pieces() -> None
     done: list[str] = []
 
     async def say(text: str, urgent: bool) -> None:
-        await tts.synthesize(text, urgent=urgent)
+        await synthesize(tts, text, urgent=urgent)
         done.append(text)
 
     try:

@@ -19,6 +19,7 @@ from voice_agent.backends.base import (
     SttBackend,
     TtsBackend,
     VadBackend,
+    synthesize,
 )
 from voice_agent.backends.capabilities import ClosesAsync, PartialTranscriber, WarmsUp
 from voice_agent.backends.llama_server import (
@@ -209,7 +210,7 @@ class Engine:
         assert self.models is not None
         if isinstance(self.models.stt, WarmsUp):  # not a remote one: it would be billed
             await self.models.stt.warm_up()
-        await self.models.tts.synthesize("Hello.")
+        await synthesize(self.models.tts, "Hello.")
         if not self.llm_prefill:
             return  # a remote endpoint bills every request: it is warmed by real use
         # The first request to llama.cpp pays for its buffers (~0.3 s), and

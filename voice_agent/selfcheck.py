@@ -24,7 +24,7 @@ from typing import cast
 import numpy as np
 
 from voice_agent.backends import registry
-from voice_agent.backends.base import ChatMessage
+from voice_agent.backends.base import ChatMessage, synthesize
 from voice_agent.backends.capabilities import ClosesAsync
 from voice_agent.backends.llama_exits import REBUILD
 from voice_agent.backends.llama_server import LlamaServerError
@@ -161,7 +161,7 @@ class LlmCheck:
 async def check_tts(settings: Settings) -> str:
     tts = await asyncio.to_thread(registry.create, "tts", settings.tts, settings)
     try:
-        audio = await tts.synthesize("This is a test of the voice.")
+        audio = await synthesize(tts, "This is a test of the voice.")
     finally:
         tts.close()
     seconds = len(audio) / tts.sample_rate

@@ -45,13 +45,33 @@ class TtsBackend(Protocol):
     name: str
     sample_rate: int
 
-    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
-        """Synthesize text into mono int16 audio at ``sample_rate``. An
+    def voices(self) -> Sequence[str]:
+        """The voice names this backend speaks with; the first is the default."""
+        ...
+
+    def stream(
+        self, text: str, voice: str | None = None, urgent: bool = False
+    ) -> AsyncIterator[np.ndarray]:
+        """Synthesize text into mono int16 chunks at ``sample_rate``, yielded
+        as they are produced (a backend that makes a piece at once yields it
+        once). ``voice`` is one of ``voices()``, None for the default. An
         ``urgent`` piece (a reply's first: the caller hears nothing until it
-        is done) goes before pieces whose turn to play has not come yet."""
+        starts) goes before pieces whose turn to play has not come yet.
+        Closing the iterator (or cancelling its consumer) stops synthesis
+        before the next chunk."""
         ...
 
     def close(self) -> None: ...
+
+
+async def synthesize(
+    tts: TtsBackend, text: str, voice: str | None = None, urgent: bool = False
+) -> np.ndarray:
+    """The whole of a piece at once (for the model process, checks, warm-up)."""
+    chunks = [chunk async for chunk in tts.stream(text, voice, urgent)]
+    if not chunks:
+        return np.zeros(0, dtype=np.int16)
+    return np.concatenate(chunks).astype(np.int16, copy=False)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import numpy as np
@@ -54,11 +55,17 @@ class OpenAITts(PooledHttpClient):
     def _closed_error(self) -> Exception:
         return RemoteTtsError(f"the TTS client for {self.url} is closed")
 
-    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
+    def voices(self) -> Sequence[str]:
+        return (self._voice,)
+
+    async def stream(
+        self, text: str, voice: str | None = None, urgent: bool = False
+    ) -> AsyncIterator[np.ndarray]:
+        """PCM as the server sends it: each chunk of the body, whole samples only."""
         body: dict[str, object] = {
             "model": self._model,
             "input": text,
-            "voice": self._voice,
+            "voice": voice or self._voice,
             "response_format": "pcm",
         }
         if self._send_priority:
@@ -67,15 +74,30 @@ class OpenAITts(PooledHttpClient):
                 body["priority"] = "urgent"
         loop = asyncio.get_running_loop()
         started = loop.time()
+        carry = b""
         try:
             async with self._session().post(self.url, json=body, headers=self._headers) as response:
-                data = await response.read()
                 if response.status != 200:
-                    detail = data[:300].decode("utf-8", errors="replace")
+                    detail = (await response.read())[:300].decode("utf-8", errors="replace")
                     raise RemoteTtsError(
                         f"TTS server {self.url} answered {response.status}: {detail}"
                     )
                 rate = response.headers.get("X-Sample-Rate")
+                if rate is not None and rate != str(self.sample_rate):
+                    raise RemoteTtsError(
+                        f"TTS server {self.url} sent {rate} Hz, not {self.sample_rate}"
+                    )
+                first = True
+                async for data in response.content.iter_any():
+                    data = carry + data
+                    whole = len(data) - len(data) % 2
+                    carry = data[whole:]
+                    if not whole:
+                        continue
+                    if first:
+                        self._latency.add(loop.time() - started)
+                        first = False
+                    yield np.frombuffer(data[:whole], dtype="<i2").astype(np.int16)
         except aiohttp.ClientError as exc:
             self._errors += 1
             raise RemoteTtsError(f"cannot reach TTS server {self.url}: {exc}") from exc
@@ -87,11 +109,6 @@ class OpenAITts(PooledHttpClient):
         except RemoteTtsError:
             self._errors += 1
             raise
-        if rate is not None and rate != str(self.sample_rate):
-            self._errors += 1
-            raise RemoteTtsError(f"TTS server {self.url} sent {rate} Hz, not {self.sample_rate}")
-        self._latency.add(loop.time() - started)
-        return np.frombuffer(data[: len(data) - len(data) % 2], dtype="<i2").astype(np.int16)
 
 
 def create(settings: Settings) -> OpenAITts:

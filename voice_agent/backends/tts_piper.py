@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,7 @@ class PiperTts:
         self._voice = _load_voice(voice_path, threads)
         self.sample_rate = int(self._voice.config.sample_rate)
         self._config = SynthesisConfig(length_scale=1.0 / speed)
+        self._voice_name = voice_path.name.removesuffix(".onnx")
         self._worker = PriorityInferenceWorker("tts")
         log.info("tts voice loaded", extra={"voice": str(voice_path)})
 
@@ -68,8 +70,14 @@ class PiperTts:
             return np.zeros(0, dtype=np.int16)
         return np.concatenate(chunks).astype(np.int16, copy=False)
 
-    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
-        return await self._worker.run(self._synthesize_blocking, text, urgent=urgent)
+    def voices(self) -> Sequence[str]:
+        return (self._voice_name,)
+
+    async def stream(
+        self, text: str, voice: str | None = None, urgent: bool = False
+    ) -> AsyncIterator[np.ndarray]:
+        # A clause takes Piper tens of milliseconds: one job, one chunk.
+        yield await self._worker.run(self._synthesize_blocking, text, urgent=urgent)
 
     def close(self) -> None:
         self._worker.close()

@@ -144,14 +144,33 @@ def add_speech_routes(app: web.Application, stt: SttBackend, tts: TtsBackend) ->
         rate = body.get("sample_rate", OPENAI_PCM_RATE)
         if not isinstance(rate, int) or not 8000 <= rate <= 48000:
             return _error(400, "invalid_sample_rate", "sample_rate must be 8000-48000")
-        audio = await tts.synthesize(text, urgent=body.get("priority") == "urgent")
-        if rate != tts.sample_rate:
-            audio = StreamResampler(tts.sample_rate, rate).process(audio, last=True)
-        return web.Response(
-            body=np.asarray(audio, dtype="<i2").tobytes(),
-            content_type="audio/pcm",
-            headers={"X-Sample-Rate": str(rate)},
+        voice = body.get("voice")
+        if voice in (None, "default"):
+            voice = None
+        elif voice not in tts.voices():
+            return _error(400, "unknown_voice", f"no voice {voice!r}: {', '.join(tts.voices())}")
+        resampler = StreamResampler(tts.sample_rate, rate) if rate != tts.sample_rate else None
+        response = web.StreamResponse(
+            headers={"Content-Type": "audio/pcm", "X-Sample-Rate": str(rate)}
         )
+        chunks = tts.stream(text, voice, urgent=body.get("priority") == "urgent")
+        try:
+            async for chunk in chunks:
+                if resampler is not None:
+                    chunk = resampler.process(chunk)
+                if not response.prepared:
+                    await response.prepare(request)
+                await response.write(np.asarray(chunk, dtype="<i2").tobytes())
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+        if not response.prepared:
+            await response.prepare(request)
+        if resampler is not None:
+            await response.write(
+                np.asarray(resampler.process(np.zeros(0, np.int16), last=True), "<i2").tobytes()
+            )
+        await response.write_eof()
+        return response
 
     async def speech_stats(request: web.Request) -> web.StreamResponse:
         body = dict(stt.stats()) if isinstance(stt, ReportsStats) else {}

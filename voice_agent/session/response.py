@@ -1,7 +1,8 @@
 """One assistant reply: LLM stream -> clause pieces -> TTS -> audio output.
 
-Generation and playback are two tasks joined by a small bounded queue, so
-synthesis runs at most a few pieces ahead of what is being played. A reply
+Generation and playback are two tasks joined by a small bounded queue of
+audio chunks, so synthesis runs at most a few chunks ahead of what is being
+played, and a streaming TTS's first chunk is played while it makes the next. A reply
 can be prepared speculatively (while the user is pausing) and only starts
 playing, and only becomes visible to the client, once it is committed.
 
@@ -57,7 +58,8 @@ log = logging.getLogger(__name__)
 
 OUTPUT_RATE = 48_000
 OUTPUT_FRAME_SAMPLES = 960
-PIECES_AHEAD = 3
+CHUNKS_AHEAD = 3
+_NO_AUDIO = np.zeros(0, dtype=np.int16)
 
 
 class AudioOutput(Protocol):
@@ -80,12 +82,22 @@ class PieceTag:
 
 @dataclass
 class _Piece:
+    """One clause of the reply. Its frames are counted as its chunks are
+    written, so a piece cut off mid-stream counts what had arrived."""
+
     index: int
     text: str
-    audio: np.ndarray
-    frames_expected: int
+    frames_expected: int = 0
     frames_played: int = 0
     delivered: bool = False  # its words were told to the client
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Audio of a piece as the TTS made it (the first one carries its words)."""
+
+    piece: _Piece
+    audio: np.ndarray
 
 
 @dataclass
@@ -130,11 +142,12 @@ class Response:
     failure: SessionError | None = None
     audio: bool = True  # False: text only, no speech synthesised or played
     metadata: Mapping[str, str] | None = None  # the client's labels, told with the reply
+    voice: str | None = None  # one of the TTS's voices; None: its default
 
     def __post_init__(self) -> None:
         self._committed = asyncio.Event()
-        self._queue: asyncio.Queue[_Piece | FunctionCallRequested | None] = asyncio.Queue(
-            maxsize=PIECES_AHEAD
+        self._queue: asyncio.Queue[_Chunk | FunctionCallRequested | None] = asyncio.Queue(
+            maxsize=CHUNKS_AHEAD
         )
         self._pieces: dict[int, _Piece] = {}
         self._resampler = StreamResampler(self.tts.sample_rate, OUTPUT_RATE)
@@ -303,7 +316,8 @@ class Response:
             return
         tail = self._resampler.process(np.zeros(0, dtype=np.int16), last=True)
         if tail.size:
-            await self._enqueue(_Piece(self._next_index, "", tail, 0))
+            piece = self._new_piece(self._next_index, "")
+            await self._queue.put(_Chunk(piece, tail))
             self._next_index += 1
 
     async def _speak(self, texts: list[str]) -> None:
@@ -416,28 +430,38 @@ class Response:
         except Exception:
             log.warning("apology failed", exc_info=True, extra={"response_id": self.response_id})
 
+    def _new_piece(self, index: int, text: str) -> _Piece:
+        piece = self._pieces[index] = _Piece(index, text)
+        return piece
+
     async def _synthesize(self, index: int, text: str) -> None:
+        piece = self._new_piece(index, text)
         if not self.audio:
-            await self._enqueue(_Piece(index, text, np.zeros(0, dtype=np.int16), 0))
+            await self._queue.put(_Chunk(piece, _NO_AUDIO))
             return
         first = index == 0
         if first:
             self.metrics.first_piece = self.metrics.tts_start = now()
+        queued = False
+        chunks = self.tts.stream(text, self.voice, urgent=first)
         try:
-            audio = await self.tts.synthesize(text, urgent=first)
+            async for made in chunks:
+                audio = self._resampler.process(made)
+                if not audio.size and queued:
+                    continue
+                if first and self.metrics.tts_first_audio is None and audio.size:
+                    self.metrics.tts_first_audio = now()
+                await self._queue.put(_Chunk(piece, audio))
+                queued = True
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             raise SynthesisError(f"speech synthesis failed: {type(exc).__name__}: {exc}") from exc
-        audio = self._resampler.process(audio)
-        if first:
-            self.metrics.tts_first_audio = now()
-        frames = -(-audio.size // OUTPUT_FRAME_SAMPLES)
-        await self._enqueue(_Piece(index, text, audio, frames))
-
-    async def _enqueue(self, piece: _Piece) -> None:
-        self._pieces[piece.index] = piece
-        await self._queue.put(piece)
+        finally:
+            # Stops the backend before its next chunk (a barge-in, a failure).
+            await chunks.aclose()  # type: ignore[attr-defined]
+        if not queued:  # no audio for it: its words are still the reply's
+            await self._queue.put(_Chunk(piece, _NO_AUDIO))
 
     async def _play(self) -> None:
         await self._committed.wait()
@@ -460,22 +484,24 @@ class Response:
         spoken_any = False
         written = 0
         calls: list[FunctionCallRequested] = []
-        while (piece := await self._queue.get()) is not None:
-            if isinstance(piece, FunctionCallRequested):
-                calls.append(piece)
+        while (chunk := await self._queue.get()) is not None:
+            if isinstance(chunk, FunctionCallRequested):
+                calls.append(chunk)
                 continue
-            if piece.text:
-                delta = piece.text if not spoken_any else " " + piece.text
-                spoken_any = True
-                self.emit(AssistantTextDelta(self.response_id, self.item_id, delta))
-            piece.delivered = True
-            if not self.audio:
+            piece = chunk.piece
+            if not piece.delivered:
+                if piece.text:
+                    delta = piece.text if not spoken_any else " " + piece.text
+                    spoken_any = True
+                    self.emit(AssistantTextDelta(self.response_id, self.item_id, delta))
+                piece.delivered = True
+            if not self.audio or not chunk.audio.size:
                 continue
             # The track tags each 20 ms frame with the write that completes it,
             # so a piece owns the frame boundaries that fall inside its samples.
-            start, written = written, written + piece.audio.size
-            piece.frames_expected = written // OUTPUT_FRAME_SAMPLES - start // OUTPUT_FRAME_SAMPLES
-            await self.output.write(piece.audio, PieceTag(self.response_id, piece.index))
+            start, written = written, written + chunk.audio.size
+            piece.frames_expected += written // OUTPUT_FRAME_SAMPLES - start // OUTPUT_FRAME_SAMPLES
+            await self.output.write(chunk.audio, PieceTag(self.response_id, piece.index))
         if self.audio:
             await self.output.finish()
             await self.output.drain()
