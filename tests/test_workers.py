@@ -39,7 +39,9 @@ class WorkersServer:
 
 @pytest_asyncio.fixture
 async def workers_server(http: aiohttp.ClientSession) -> AsyncIterator[WorkersServer]:
-    process, url = await start_server("--workers", "2", "--max-calls", "3")
+    process, url = await start_server(
+        "--workers", "2", "--max-calls", "3", "--drain-timeout-s", "1"
+    )
     server = WorkersServer(process, url)
     try:
         await wait_ready(http, url, timeout_s=240)

@@ -10,12 +10,16 @@ import signal
 import sys
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from pydantic import ValidationError
 
 from voice_agent import __version__
 from voice_agent.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from voice_agent.server.front import FrontServer
+    from voice_agent.server.single import SingleServer
 
 log = logging.getLogger("voice_agent")
 
@@ -89,8 +93,10 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM: everything in this process, or with
-    ``--workers`` above 1 the front, the models and N media workers."""
+    """Serve until a signal: everything in this process, or with
+    ``--workers`` above 1 the front, the models and N media workers.
+    SIGTERM drains first (no new calls, live ones finish or hear the
+    goodbye: ``server/drain.py``); SIGINT, or a second signal, stops now."""
     from voice_agent.server.front import FrontServer
     from voice_agent.server.single import SingleServer
 
@@ -101,17 +107,29 @@ async def serve(settings: Settings) -> None:
         "listening",
         extra={"url": f"http://{settings.host}:{settings.port}", "workers": settings.workers},
     )
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    first_signal: asyncio.Future[signal.Signals] = loop.create_future()
+    stop_now = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if first_signal.done():
+            stop_now.set()
+        else:
+            first_signal.set_result(sig)
+            if sig != signal.SIGTERM:
+                stop_now.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         loading = asyncio.create_task(server.start(), name="server-start")
-        stop_wait = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({loading, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        waits: set[asyncio.Future[Any]] = {loading, first_signal}
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if loading in done:
             loading.result()  # start-up errors end the process with their message
-            await stop_wait
+            await first_signal
+            if not stop_now.is_set():
+                await _drain_unless_stopped(server, stop_now)
         else:
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -119,6 +137,19 @@ async def serve(settings: Settings) -> None:
     finally:
         log.info("shutting down")
         await server.stop()
+
+
+async def _drain_unless_stopped(
+    server: SingleServer | FrontServer, stop_now: asyncio.Event
+) -> None:
+    log.info("draining: no new calls", extra={"timeout_s": server.settings.drain_timeout_s})
+    draining = asyncio.create_task(server.drain(), name="drain")
+    stopping = asyncio.create_task(stop_now.wait())
+    await asyncio.wait({draining, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (draining, stopping):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def main(argv: list[str] | None = None) -> int:

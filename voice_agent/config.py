@@ -38,6 +38,17 @@ class Settings(BaseSettings):
         "available cores). The models (STT, TTS, the embedded LLM) stay in one shared process "
         "each; 1 runs everything in this process.",
     )
+    drain_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="On SIGTERM: how long live calls may go on (no new ones are taken) "
+        "before each is ended with the goodbye. SIGINT, or a second SIGTERM, stops at once.",
+    )
+    drain_goodbye: str = Field(
+        "I'm sorry, I have to end our call now. Goodbye!",
+        min_length=1,
+        description="Spoken to each call still live when the drain time is up.",
+    )
     offers_per_minute: int = Field(
         60,
         ge=0,

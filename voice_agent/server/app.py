@@ -52,6 +52,7 @@ from voice_agent.server.auth import (
 )
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.debug import add_debug_routes
+from voice_agent.server.drain import DRAINING
 from voice_agent.server.errors import error_response
 from voice_agent.server.limits import OfferRateLimiter
 from voice_agent.server.llm_proxy import add_llm_proxy
@@ -288,6 +289,10 @@ async def readyz(request: web.Request) -> web.StreamResponse:
         "load": round(calls.load, 3),
         "llm": engine.llm_health(),
     }
+    if request.app[SHUTTING_DOWN].is_set():
+        return web.json_response(
+            {**body, "status": "draining"}, status=503, headers={"Retry-After": RETRY_AFTER_S}
+        )
     if not engine.ready:
         status = "loading" if engine.models is None else "llm_unavailable"
         return web.json_response(
@@ -501,6 +506,7 @@ def build_app(
     decoder_hop.install()
     app[ENGINE] = engine
     app[CALLS] = CallRegistry(settings.max_calls)
+    app[DRAINING] = []
     app[CALL_ID_PREFIX] = call_id_prefix
     app[CALLS].listeners.append(app[AUTH].on_call_change)
     app.router.add_post(CALLS_PATH, create_call)

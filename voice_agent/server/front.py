@@ -244,6 +244,8 @@ async def readyz(request: web.Request) -> web.StreamResponse:
     engine, pool = request.app[ENGINE], request.app[POOL]
     body: dict[str, Any] = {"ready": engine.ready, **_capacity(pool), "llm": engine.llm_health()}
     unready = {"Retry-After": RETRY_AFTER_S}
+    if request.app[SHUTTING_DOWN].is_set():
+        return web.json_response({**body, "status": "draining"}, status=503, headers=unready)
     if not engine.ready or not pool.started:
         loading = engine.models is None or engine.ready
         body.update(
@@ -391,6 +393,13 @@ class FrontServer:
         self._runners.insert(0, runner)  # closed after the front and the workers
         await self.pool.start(self.engine.links_for_workers(self.speech_socket))
         log.info("media workers ready", extra={"workers": self.settings.workers})
+
+    async def drain(self) -> None:
+        """No new calls here; each media worker drains its own (``server/drain.py``)."""
+        front = self._runners[-1] if self._runners else None
+        if front is not None:
+            front.app[SHUTTING_DOWN].set()
+        await self.pool.drain()
 
     async def stop(self) -> None:
         front = self._runners[-1] if self._runners else None

@@ -7,12 +7,14 @@ from aiohttp import web
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.server.app import build_app, new_runner
+from voice_agent.server.drain import drain_app
 
 
 class SingleServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.engine = Engine(settings)
+        self._app: web.Application | None = None
         self._runner: web.AppRunner | None = None
 
     async def listen(self) -> None:
@@ -20,10 +22,15 @@ class SingleServer:
         runner = new_runner(app)
         await runner.setup()
         await web.TCPSite(runner, self.settings.host, self.settings.port).start()
-        self._runner = runner
+        self._app, self._runner = app, runner
 
     async def start(self) -> None:
         await self.engine.start()
+
+    async def drain(self) -> None:
+        """No new calls; the live ones finish or hear the goodbye (``server/drain.py``)."""
+        if self._app is not None:
+            await drain_app(self._app)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -9,10 +9,13 @@ over N processes and N cores, while each model is loaded once and batches
 across every worker's calls.
 
 The parent writes one JSON line on stdin (settings, links, socket path,
-index) and keeps stdin open: end of file means the parent is gone, and the
-worker closes its calls and exits. It answers ``ready`` on stdout once it
-listens. ``GET /internal/calls/events`` streams its calls as they start and
-end (NDJSON), which is how the parent counts and routes calls.
+index) and keeps stdin open: end of file means the parent is gone (or
+wants this worker stopped now), and the worker closes its calls and exits.
+SIGTERM (or the parent's ``POST /internal/drain``) drains it first: no new
+calls, the live ones finish or hear the goodbye (``server/drain.py``). It
+answers ``ready`` on stdout once it listens. ``GET /internal/calls/events``
+streams its calls as they start and end (NDJSON), which is how the parent
+counts and routes calls.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from aiohttp import web
 from voice_agent.config import Settings
 from voice_agent.engine import Engine, SharedModelLinks
 from voice_agent.server.app import CALLS, build_app, new_runner
+from voice_agent.server.drain import DRAIN_PATH, drain_app, drain_route
 
 log = logging.getLogger("voice_agent.server.worker")  # run as __main__
 
@@ -81,21 +85,31 @@ async def run_worker(config: WorkerConfig, parent_gone: asyncio.Future[None]) ->
     engine = Engine(settings, SharedModelLinks(**config.links))
     app = build_app(settings, engine, config.call_id_prefix(), behind_front=True)
     app.router.add_get(EVENTS_PATH, call_events)
+    app.router.add_post(DRAIN_PATH, drain_route)
     runner = new_runner(app)
     await runner.setup()
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    stop: asyncio.Future[str] = loop.create_future()
+
+    def stop_with(how: str) -> None:
+        if not stop.done():
+            stop.set_result(how)
+
     # Ctrl-C reaches the whole process group: the parent orders the shutdown.
     loop.add_signal_handler(signal.SIGINT, lambda: None)
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    parent_gone.add_done_callback(lambda _: stop.set())
+    # SIGTERM reaching every process (systemd's control group): drain here too.
+    loop.add_signal_handler(signal.SIGTERM, stop_with, "drain")
+    parent_gone.add_done_callback(lambda _: stop_with("now"))
     try:
         await engine.start()
         await web.UnixSite(runner, config.socket).start()
         sys.stdout.write("ready\n")
         sys.stdout.flush()
         log.info("worker listening", extra={"worker": config.index, "socket": config.socket})
-        await stop.wait()
+        if await stop == "drain":
+            draining = asyncio.ensure_future(drain_app(app))
+            await asyncio.wait({draining, parent_gone}, return_when=asyncio.FIRST_COMPLETED)
+            draining.cancel()
     finally:
         await runner.cleanup()  # closes this worker's calls
         await engine.stop()

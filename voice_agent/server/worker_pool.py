@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,7 @@ import aiohttp
 
 from voice_agent.config import Settings
 from voice_agent.engine import SharedModelLinks
+from voice_agent.server.drain import DRAIN_PATH, GOODBYE_LIMIT_S
 from voice_agent.server.worker import EVENTS_PATH, WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ class WorkerPool:
         self.workers = [Worker(i, str(runtime_dir / f"worker-{i}.sock")) for i in range(count)]
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._draining = False  # a worker that exits now is not restarted
         self.started = False  # every worker has been launched once
         self.refused_full = 0
         # Told ("ended", call id) as calls end, like a CallRegistry's listeners.
@@ -239,7 +240,7 @@ class WorkerPool:
         """Restart a worker that exits while the service runs. Its calls are
         gone with it; the other workers' calls are not affected."""
         backoff = RESTART_BACKOFF_S[0]
-        while not self._stopping:
+        while not self._stopping and not self._draining:
             process = worker.process
             assert process is not None
             code = await process.wait()
@@ -247,7 +248,7 @@ class WorkerPool:
             self._ended(worker, set(worker.live))
             worker.reserved = 0
             worker.unseen.clear()
-            if self._stopping:
+            if self._stopping or self._draining:
                 return
             log.error(
                 "media worker died; restarting",
@@ -265,6 +266,22 @@ class WorkerPool:
                     log.error("media worker restart failed", extra={"error": str(exc)})
                     backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
 
+    async def drain(self) -> None:
+        """Have every worker drain its calls (``server/drain.py``), all at once."""
+        self._draining = True
+        await asyncio.gather(*(self._drain_worker(w) for w in self.workers))
+
+    async def _drain_worker(self, worker: Worker) -> None:
+        if not worker.up or worker.http is None:
+            return
+        bound = self.settings.drain_timeout_s + GOODBYE_LIMIT_S + STOP_TIMEOUT_S
+        try:
+            timeout = aiohttp.ClientTimeout(total=bound)
+            async with worker.http.post(f"{worker.base_url}{DRAIN_PATH}", timeout=timeout) as r:
+                await r.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("draining a media worker failed", extra={"w": worker.index, "e": str(exc)})
+
     async def stop(self) -> None:
         """End every worker (each closes its calls first) and wait for it."""
         self._stopping = True
@@ -279,8 +296,9 @@ class WorkerPool:
         worker.up = False
         process = worker.process
         if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
+            # End of its stdin: stop now (SIGTERM would have it drain first).
+            if process.stdin is not None:
+                process.stdin.close()
             try:
                 async with asyncio.timeout(STOP_TIMEOUT_S):
                     await process.wait()

@@ -143,6 +143,8 @@ class Response:
     audio: bool = True  # False: text only, no speech synthesised or played
     metadata: Mapping[str, str] | None = None  # the client's labels, told with the reply
     voice: str | None = None  # one of the TTS's voices; None: its default
+    # Words to say instead of asking the LLM (the goodbye of a call the server ends).
+    script: str | None = None
 
     def __post_init__(self) -> None:
         self._committed = asyncio.Event()
@@ -280,6 +282,12 @@ class Response:
         if self.failure is not None:
             self._error, self._error_code = self.failure.message, self.failure.code
             await self._apologise()
+            await self._queue.put(None)
+            return
+        if self.script is not None:
+            await self._speak([self.script])
+            await self._flush_audio()
+            self._final_text = self.script
             await self._queue.put(None)
             return
         try:

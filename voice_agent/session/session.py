@@ -148,6 +148,8 @@ class VoiceSession:
         self._deferred_reply: asyncio.Task[None] | None = None
         self._generation = 0  # bumped by every new user turn: stale work checks it
         self._closed = False
+        # The server is ending the call (say_goodbye): nothing starts another reply.
+        self._ending = False
         self._silence_ms = config.turn.turn_silence_ms
         turn = config.turn
         # None: push-to-talk, turns are taken by hand (commit_input).
@@ -176,7 +178,7 @@ class VoiceSession:
     def push_audio(self, samples: np.ndarray, from_track: bool = True) -> None:
         """16 kHz mono int16 audio, any length: from the media track, or sent
         by the client as data (``from_track=False``), which silences the track."""
-        if self._closed or (from_track and self._track_muted):
+        if self._closed or self._ending or (from_track and self._track_muted):
             return
         if not from_track and not self._track_muted:
             self._track_muted = True
@@ -423,6 +425,7 @@ class VoiceSession:
         metrics: TurnMetrics,
         request: ResponseRequest | None = None,
         failure: SessionError | None = None,
+        script: str | None = None,
     ) -> Response:
         request = request or ResponseRequest()
         reply = self.config.reply
@@ -454,6 +457,7 @@ class VoiceSession:
             failure=failure,
             audio=self.audio_output if request.audio is None else request.audio,
             metadata=request.metadata,
+            script=script,
         )
         self._live_responses.add(response)
         response.start()
@@ -463,6 +467,9 @@ class VoiceSession:
         return response
 
     def _play(self, response: Response) -> None:
+        if self._ending and response.script is None:
+            response.cancel("server_shutdown")  # a turn that ended as the call did
+            return
         if self._response is not None and self._response.status == "in_progress":
             self._response.cancel("superseded")
         self._response = response
@@ -474,7 +481,7 @@ class VoiceSession:
         without this, every turn pays for the previous reply again (its text
         no longer matches the server's cache once cut or re-tokenised), and a
         history window that slides pays for the whole history."""
-        if not self.config.prefill or self._closed:
+        if not self.config.prefill or self._closed or self._ending:
             return
         if self._prefill_task is not None:
             self._prefill_task.cancel()
@@ -644,7 +651,7 @@ class VoiceSession:
     def create_response(self, request: ResponseRequest | None = None) -> bool:
         """Reply to the conversation as it stands (``response.create``), or
         to the context the request gives; False while a reply is being given."""
-        if self._closed or self._replying() or self._deferred_reply is not None:
+        if self._closed or self._ending or self._replying() or self._deferred_reply is not None:
             return False
         self._drop_speculation()
         transcribing = [task for task in self._turn_tasks if not task.done()]
@@ -696,6 +703,25 @@ class VoiceSession:
             return False
         self._response.cancel(reason)
         return True
+
+    def say_goodbye(self, text: str) -> Response:
+        """The last reply of a call the server ends (a drain): the reply being
+        given stops, these words are spoken (no LLM, outside the history),
+        and nothing the caller says or asks starts another one. Its
+        ``wait_closed`` returns once the words have been played."""
+        self._ending = True
+        self._drop_speculation()
+        if self._deferred_reply is not None:
+            self._deferred_reply.cancel()
+            self._deferred_reply = None
+        if self._replying():
+            assert self._response is not None
+            self._response.cancel("server_shutdown")
+        response = self._new_response(
+            None, TurnMetrics(), ResponseRequest(in_conversation=False), script=text
+        )
+        self._play(response)
+        return response
 
     def clear_output(self) -> None:
         """Drop all buffered assistant audio (and the reply producing it)."""

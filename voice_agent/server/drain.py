@@ -1,0 +1,71 @@
+"""Graceful drain, on SIGTERM (a rolling update, a scale-down, ``docker stop``).
+
+New calls are refused at once (503 with Retry-After, ``/readyz`` 503
+``draining``), so a load balancer sends them elsewhere; live calls go on
+for up to ``--drain-timeout-s``; each one still live then hears the
+goodbye (whatever it was saying stops; no LLM; the caller cannot start
+another turn), gets its ``response.done``, and is hung up. Then the
+process exits 0. One drain per application: asking again (a second
+route call, SIGTERM reaching a worker and its parent) waits for the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+
+from voice_agent.server.admission import CALLS, SETTINGS, SHUTTING_DOWN
+from voice_agent.server.calls import Call, CallRegistry
+
+log = logging.getLogger(__name__)
+
+DRAIN_PATH = "/internal/drain"
+# The goodbye's own bound: a sentence, played in real time, with slack for
+# a TTS busy with every other call's goodbye at the same moment.
+GOODBYE_LIMIT_S = 10.0
+
+DRAINING: web.AppKey[list[asyncio.Task[None]]] = web.AppKey("draining", list)
+
+
+async def drain_app(app: web.Application) -> None:
+    """Stop taking calls, let the live ones finish, end the rest (see above)."""
+    app[SHUTTING_DOWN].set()
+    running = app[DRAINING]
+    if not running:
+        settings = app[SETTINGS]
+        drain = drain_calls(app[CALLS], settings.drain_timeout_s, settings.drain_goodbye)
+        running.append(asyncio.create_task(drain, name="drain"))
+    await asyncio.shield(running[0])
+
+
+async def drain_calls(calls: CallRegistry, timeout_s: float, goodbye: str) -> None:
+    if len(calls):
+        log.info("draining", extra={"calls": len(calls), "timeout_s": timeout_s})
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await calls.wait_for_count(0)
+    left = calls.calls()
+    if left:
+        log.info("drain time is up: ending calls with a goodbye", extra={"calls": len(left)})
+    await asyncio.gather(*(end_with_goodbye(call, goodbye) for call in left))
+
+
+async def end_with_goodbye(call: Call, goodbye: str) -> None:
+    try:
+        if not call.closed.is_set():
+            response = call.session.say_goodbye(goodbye)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(GOODBYE_LIMIT_S):
+                    await response.wait_closed()
+    except Exception:  # the call still ends
+        log.exception("the goodbye failed", extra={"call_id": call.id})
+    await call.close("server_shutdown")
+
+
+async def drain_route(request: web.Request) -> web.StreamResponse:
+    """The front's order to a media worker (``--workers``): answered once drained."""
+    await drain_app(request.app)
+    return web.json_response({"drained": True})
