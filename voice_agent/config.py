@@ -337,6 +337,11 @@ class Settings(BaseSettings):
     )
     tts_timeout_s: float = Field(20.0, gt=0, description="Timeout for one remote TTS request.")
     tts_speed: float = Field(1.0, gt=0.25, le=4, description="Speaking rate multiplier.")
+    tts_trim_lead: bool = Field(
+        True,
+        description="Cut the near-silence a voice starts a reply with (Piper: 35-55 ms), "
+        "so the first audible sound leaves sooner.",
+    )
     output_buffer_ms: int = Field(
         200, ge=40, le=2000, description="Outbound audio buffered ahead of the wire."
     )

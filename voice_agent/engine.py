@@ -257,6 +257,7 @@ class Engine:
                 temperature=s.llm_temperature,
                 max_tool_steps=s.max_tool_steps,
                 apology=s.llm_apology,
+                trim_lead=s.tts_trim_lead,
             ),
             vad_floor_dbfs=s.vad_floor_dbfs,
             prefill=self.llm_prefill,

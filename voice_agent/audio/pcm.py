@@ -24,6 +24,15 @@ def float_to_int16(samples: np.ndarray) -> np.ndarray:
     return converted
 
 
+def sound_onset(samples: np.ndarray, threshold: int, keep: int) -> int | None:
+    """Index to start from so that ``keep`` samples precede the first one
+    louder than ``threshold``; None when there is no such sample."""
+    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
+    if not loud.size:
+        return None
+    return max(0, int(loud[0]) - keep)
+
+
 def rms_dbfs(samples: np.ndarray) -> float:
     """Loudness of int16 samples in dB relative to full scale (-inf for silence)."""
     if samples.size == 0:

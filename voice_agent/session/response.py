@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from voice_agent.audio.pcm import sound_onset
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import (
     ChatMessage,
@@ -58,6 +59,10 @@ log = logging.getLogger(__name__)
 
 OUTPUT_RATE = 48_000
 OUTPUT_FRAME_SAMPLES = 960
+# A reply's leading near-silence: below -40 dBFS (peak) is not heard yet;
+# 10 ms of it is kept so the onset is not clipped.
+LEAD_THRESHOLD = 328
+LEAD_KEPT_S = 0.010
 CHUNKS_AHEAD = 3
 _NO_AUDIO = np.zeros(0, dtype=np.int16)
 
@@ -108,6 +113,8 @@ class ReplySettings:
     max_tool_steps: int = 3
     # Spoken when the LLM fails before saying anything, instead of silence.
     apology: str = "Sorry, I can't answer right now. Please try again in a moment."
+    # Start a reply at its first audible sound (the voice's lead-in cut).
+    trim_lead: bool = True
 
 
 Status = Literal["in_progress", "completed", "cancelled", "failed"]
@@ -451,9 +458,18 @@ class Response:
         if first:
             self.metrics.first_piece = self.metrics.tts_start = now()
         queued = False
+        trimming = first and self.reply.trim_lead
         chunks = self.tts.stream(text, self.voice, urgent=first)
         try:
             async for made in chunks:
+                if trimming:
+                    # Until the voice is heard: the first frame on the wire is sound.
+                    onset = sound_onset(
+                        made, LEAD_THRESHOLD, int(LEAD_KEPT_S * self.tts.sample_rate)
+                    )
+                    if onset is None:
+                        continue
+                    made, trimming = made[onset:], False
                 audio = self._resampler.process(made)
                 if not audio.size and queued:
                     continue

@@ -1,0 +1,102 @@
+"""What a reply puts on the wire: the real Piper voice, a scripted LLM and
+the real paced track. A reply starts at its first audible sound (the
+voice's lead-in cut, unless turned off), and a TTS that streams has its
+chunks played in order as they come."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import numpy as np
+import pytest
+
+from tests.test_heard_text import ScriptedLlm
+from voice_agent.backends.base import ChatMessage, TtsBackend
+from voice_agent.backends.tts_piper import PiperTts, default_voice_path
+from voice_agent.rtc.outbound import PacedAudioTrack
+from voice_agent.session.events import ResponseFinished, SessionEvent
+from voice_agent.session.response import LEAD_THRESHOLD, ReplySettings, Response
+
+
+@pytest.fixture(scope="module")
+def piper() -> PiperTts:
+    return PiperTts(default_voice_path(), 1.0, threads=1)
+
+
+async def frames_of_reply(text: str, tts: TtsBackend, trim_lead: bool) -> list[np.ndarray]:
+    """The reply's audio frames as the track sends them, until it ends."""
+    track = PacedAudioTrack(buffer_ms=2000)
+    events: list[SessionEvent] = []
+    response = Response(
+        "resp_1",
+        "item_1",
+        [ChatMessage("user", "hi")],
+        ScriptedLlm(text),
+        tts,
+        track,
+        None,
+        events.append,
+        ReplySettings(100, 0.0, trim_lead=trim_lead),
+    )
+    track.on_audio_frame = response.frame_sent
+    response.start()
+    response.commit()
+    frames: list[np.ndarray] = []
+    while not (events and isinstance(events[-1], ResponseFinished)):
+        samples, _ = await track.next_frame()
+        if samples is not None:
+            frames.append(samples)
+    await response.wait_closed()
+    track.stop()
+    return frames
+
+
+def silent_frames_first(frames: list[np.ndarray]) -> int:
+    loud = [
+        i for i, f in enumerate(frames) if int(np.abs(f.astype(np.int32)).max()) > LEAD_THRESHOLD
+    ]
+    return loud[0]
+
+
+async def test_a_reply_starts_at_its_first_audible_sound(piper: PiperTts) -> None:
+    trimmed = await frames_of_reply("Hello there.", piper, trim_lead=True)
+    untrimmed = await frames_of_reply("Hello there.", piper, trim_lead=False)
+    assert silent_frames_first(trimmed) == 0
+    # Piper starts with 20-55 ms of near-silence: a frame or more.
+    assert silent_frames_first(untrimmed) >= 1
+    # Only the lead-in went: the rest of the reply is the same length.
+    assert 0 <= len(untrimmed) - len(trimmed) <= 3
+
+
+class ChunkedTones:
+    """A streaming TTS: each word is its own chunk, a distinct tone level."""
+
+    name = "chunked"
+    sample_rate = 48_000
+
+    def __init__(self) -> None:
+        self.closed_streams = 0
+
+    def voices(self) -> Sequence[str]:
+        return ("tones",)
+
+    async def stream(
+        self, text: str, voice: str | None = None, urgent: bool = False
+    ) -> AsyncIterator[np.ndarray]:
+        try:
+            for word in text.split():
+                yield np.full(960 * 3, 1000 + 100 * len(word), dtype=np.int16)
+        finally:
+            self.closed_streams += 1
+
+    def close(self) -> None:
+        return None
+
+
+async def test_streamed_chunks_are_played_in_order_and_every_stream_is_closed() -> None:
+    tts = ChunkedTones()
+    text = "a bb ccc dddd"  # one piece: four chunks of three frames
+    frames = await frames_of_reply(text, tts, trim_lead=True)
+    levels = [int(f.max()) for f in frames]
+    assert levels == [1100] * 3 + [1200] * 3 + [1300] * 3 + [1400] * 3
+    assert tts.closed_streams == 1
