@@ -41,6 +41,38 @@ async def test_urgent_jobs_jump_the_queue_and_cancelled_ones_never_run() -> None
         worker.close()
 
 
+async def test_a_parallel_worker_runs_that_many_jobs_at_once_and_queues_the_rest() -> None:
+    worker = PriorityInferenceWorker("test", parallel=2)
+    both_running = threading.Barrier(2, timeout=5)  # broken unless two run at once
+    urgent_ran = threading.Event()
+    order: list[str] = []
+
+    def pair(name: str) -> str:
+        both_running.wait()
+        if name == "b":  # holds its thread until the first free one ran "urgent"
+            urgent_ran.wait(5)
+        order.append(name)
+        return name
+
+    def after(name: str) -> str:
+        order.append(name)
+        if name == "urgent":
+            urgent_ran.set()
+        return name
+
+    try:
+        results = await asyncio.gather(
+            worker.run(pair, "a"),
+            worker.run(pair, "b"),
+            worker.run(after, "third"),  # waits for a free thread
+            worker.run(after, "urgent", urgent=True),
+        )
+        assert results == ["a", "b", "third", "urgent"]
+        assert order == ["a", "urgent", "b", "third"]
+    finally:
+        worker.close()
+
+
 async def test_a_first_piece_is_synthesized_before_queued_later_pieces() -> None:
     tts = PiperTts(default_voice_path(), 1.0, threads=1)
     done: list[str] = []

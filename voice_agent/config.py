@@ -206,6 +206,12 @@ class Settings(BaseSettings):
         description="Send the conversation to the LLM ahead of each turn so its prompt cache is "
         "warm (default: on for the embedded server, off for remote endpoints, which may bill it).",
     )
+    llm_prefill_partials: bool = Field(
+        True,
+        description="With partial transcripts on (--stt-partial-interval-ms) and prefill: "
+        "the LLM also processes the user's settled words while they speak, so the turn's "
+        "prompt differs from what it has cached only in its last words.",
+    )
     llm_timeout_s: float = Field(
         30.0, gt=0, description="Timeout for one whole LLM request (all of its stream)."
     )
@@ -321,6 +327,13 @@ class Settings(BaseSettings):
         default_factory=lambda: default_threads(4),
         ge=1,
         description="CPU threads for one TTS synthesis (default: the available cores, at most 4).",
+    )
+    tts_parallel: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Syntheses the one TTS model runs at once, for all calls (default: the "
+        "available cores / --tts-threads: 1 on 2 cores, 8 on 32).",
     )
     tts_base_url: str | None = Field(
         None, description="Base URL of an OpenAI-compatible speech server (for --tts openai)."

@@ -60,6 +60,11 @@ def default_threads(cap: int) -> int:
     return max(1, min(available_cores(), cap))
 
 
+def default_parallel(threads_per_job: int) -> int:
+    """Jobs one model runs at once: as many as the cores hold side by side."""
+    return max(1, available_cores() // max(1, threads_per_job))
+
+
 # Niceness added to model inference threads (process-wide, set once at
 # start-up). On Linux niceness is per thread and inherited by the threads a
 # thread creates, so a model loaded in a niced thread computes in niced

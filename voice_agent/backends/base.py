@@ -160,19 +160,22 @@ class InferenceWorker:
 
 
 class PriorityInferenceWorker:
-    """One thread per model, like InferenceWorker, whose waiting jobs are
+    """A model's threads, like InferenceWorker, whose waiting jobs are
     taken urgent ones first. Sessions share the model: one caller's first
     words are not made to wait behind another caller's later sentences,
     which have the audio before them as slack. A job cancelled while queued
-    never starts."""
+    never starts. ``parallel`` jobs run at once (a big machine: one model,
+    several syntheses, each with its own intra-op threads); 1 on a small one,
+    where one job already uses every core."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, parallel: int = 1) -> None:
         self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name, initializer=lower_this_thread
+            max_workers=parallel, thread_name_prefix=name, initializer=lower_this_thread
         )
+        self._parallel = parallel
         self._urgent: deque[_Job[Any]] = deque()
         self._normal: deque[_Job[Any]] = deque()
-        self._busy = False
+        self._running = 0
 
     async def run(self, func: Callable[..., T], *args: object, urgent: bool = False) -> T:
         job: _Job[T] = _Job(asyncio.get_running_loop().create_future(), func, args)
@@ -181,17 +184,17 @@ class PriorityInferenceWorker:
         return await job.future
 
     def _next(self) -> None:
-        while not self._busy and (self._urgent or self._normal):
+        while self._running < self._parallel and (self._urgent or self._normal):
             job = (self._urgent or self._normal).popleft()
             if job.future.done():  # its caller went away while it waited
                 continue
-            self._busy = True
+            self._running += 1
             loop = job.future.get_loop()
             running = loop.run_in_executor(self._executor, functools.partial(job.func, *job.args))
             running.add_done_callback(functools.partial(self._finished, job))
 
     def _finished(self, job: _Job[Any], running: asyncio.Future[Any]) -> None:
-        self._busy = False
+        self._running -= 1
         if not job.future.done():
             if running.cancelled():
                 job.future.cancel()

@@ -15,6 +15,7 @@ from piper.config import PiperConfig
 from voice_agent.backends.base import PriorityInferenceWorker
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.config import Settings
+from voice_agent.cpu import default_parallel
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +55,15 @@ def _load_voice(voice_path: Path, threads: int) -> PiperVoice:
 class PiperTts:
     name = "piper"
 
-    def __init__(self, voice_path: Path, speed: float, threads: int = 2) -> None:
+    def __init__(self, voice_path: Path, speed: float, threads: int = 2, parallel: int = 1) -> None:
         if not voice_path.is_file():
             raise BackendUnavailable(f"Piper voice not found: {voice_path} (--tts-voice)")
         self._voice = _load_voice(voice_path, threads)
         self.sample_rate = int(self._voice.config.sample_rate)
         self._config = SynthesisConfig(length_scale=1.0 / speed)
         self._voice_name = voice_path.name.removesuffix(".onnx")
-        self._worker = PriorityInferenceWorker("tts")
+        # One ONNX session serves concurrent runs (its run() is thread-safe).
+        self._worker = PriorityInferenceWorker("tts", parallel)
         log.info("tts voice loaded", extra={"voice": str(voice_path)})
 
     def _synthesize_blocking(self, text: str) -> np.ndarray:
@@ -85,4 +87,5 @@ class PiperTts:
 
 def create(settings: Settings) -> PiperTts:
     voice = Path(settings.tts_voice) if settings.tts_voice else default_voice_path()
-    return PiperTts(voice, settings.tts_speed, settings.tts_threads)
+    parallel = settings.tts_parallel or default_parallel(settings.tts_threads)
+    return PiperTts(voice, settings.tts_speed, settings.tts_threads, parallel)
