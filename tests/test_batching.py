@@ -225,3 +225,28 @@ async def test_a_dead_batching_loop_fails_its_requests_and_is_restarted() -> Non
         assert worker._task is not loop_task
     finally:
         worker.close()
+
+
+async def test_a_parallel_worker_runs_batches_side_by_side_finals_still_first() -> None:
+    side_by_side = threading.Barrier(2, timeout=10)  # broken unless two batches run at once
+    gate = threading.Event()
+
+    def model(batch: list[int]) -> list[int]:
+        if batch[0] < 0:  # the two batches that must overlap
+            side_by_side.wait()
+        elif batch[0] == 5:  # a final held running
+            gate.wait(10)
+        return [2 * x for x in batch]
+
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0, parallel=2)
+    try:
+        assert list(await asyncio.gather(worker.submit(-1), worker.submit(-2))) == [-2, -4]
+        # While a final runs (and a thread is free), a partial is still refused.
+        final = asyncio.create_task(worker.submit(5))
+        await asyncio.sleep(0.05)  # the final's batch is running
+        assert await worker.submit_partial(7) is None
+        gate.set()
+        assert await final == 10
+        assert worker.stats.snapshot()["batches"] == 3
+    finally:
+        worker.close()

@@ -67,7 +67,7 @@ async def test_a_parallel_worker_runs_that_many_jobs_at_once_and_queues_the_rest
             worker.run(after, "third"),  # waits for a free thread
             worker.run(after, "urgent", urgent=True),
         )
-        assert results == ["a", "b", "third", "urgent"]
+        assert list(results) == ["a", "b", "third", "urgent"]
         assert order == ["a", "urgent", "b", "third"]
     finally:
         worker.close()

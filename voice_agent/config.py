@@ -147,6 +147,13 @@ class Settings(BaseSettings):
     stt_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Device for the parakeet STT backend (auto = CUDA when present)."
     )
+    stt_parallel: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Batches the one faster-whisper model runs at once, each with "
+        "--stt-threads (default: the available cores / --stt-threads: 1 on 2 cores, 8 on 32).",
+    )
     stt_max_batch: int = Field(
         8, ge=1, le=256, description="Most utterances one batched STT inference takes."
     )

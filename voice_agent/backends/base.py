@@ -141,14 +141,15 @@ class LlmBackend(Protocol):
 
 
 class InferenceWorker:
-    """One dedicated thread per model: blocking inference never runs on the
-    event loop, and one model never runs two jobs at once (CPU inference
-    libraries use every core for a single job already). A job cancelled while
-    queued never starts."""
+    """A model's dedicated thread: blocking inference never runs on the event
+    loop, and by default one model never runs two jobs at once (CPU inference
+    libraries use every core of a small machine for a single job already;
+    ``threads`` above 1 is for machines with cores to spare). A job cancelled
+    while queued never starts."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int = 1) -> None:
         self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name, initializer=lower_this_thread
+            max_workers=threads, thread_name_prefix=name, initializer=lower_this_thread
         )
 
     async def run(self, func: Callable[..., T], *args: object) -> T:

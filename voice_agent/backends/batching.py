@@ -17,6 +17,12 @@ bounds each one's length).
 
 A request cancelled while queued (barge-in, hang-up) is dropped before its
 batch runs; one cancelled while its batch runs gets no result delivered.
+
+With ``parallel`` above 1 (a machine with many more cores than one batch
+uses), up to that many batches run at once, each in its own thread of the
+one model (CTranslate2 and ONNX Runtime serve concurrent calls): a batch
+is formed whenever a thread is free, so queueing stays short on a big host
+while a small one keeps exactly one batch at a time.
 """
 
 from __future__ import annotations
@@ -84,25 +90,28 @@ class BatchingWorker(Generic[Req, Res]):
         max_queue: int = 256,
         max_partials: int = 64,
         max_partial_batch: int = 2,
+        parallel: int = 1,
     ) -> None:
-        if max_batch < 1 or max_wait_s < 0 or max_queue < 1 or max_partial_batch < 1:
+        if min(max_batch, max_queue, max_partial_batch, parallel) < 1 or max_wait_s < 0:
             raise ValueError(
-                "max_batch, max_partial_batch and max_queue must be >= 1, max_wait_s >= 0"
+                "max_batch, max_partial_batch, max_queue and parallel must be >= 1, max_wait_s >= 0"
             )
         self.name = name
         self.max_batch = max_batch
         self.max_partial_batch = max_partial_batch
         self.max_wait_s = max_wait_s
         self._run_batch = run_batch
-        self._thread = InferenceWorker(name)
+        self._thread = InferenceWorker(name, parallel)
+        self._free_threads = asyncio.Semaphore(parallel)
         self._finals: deque[_Request[Req, Res]] = deque()
         self._partials: deque[_Request[Req, Res]] = deque()
         self._max_partials = max_partials
         # Bounded: a final waits for room (backpressure), a partial is refused.
         self._room = asyncio.Semaphore(max_queue)
         self._arrived = asyncio.Event()
-        self._running: Priority | None = None
+        self._running: dict[Priority, int] = {"final": 0, "partial": 0}  # batches
         self._in_flight: list[_Request[Req, Res]] = []
+        self._batches: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.stats = BatchStats()
@@ -121,7 +130,7 @@ class BatchingWorker(Generic[Req, Res]):
         self._check_open()
         if (
             self._finals
-            or self._running == "final"
+            or self._running["final"]
             or len(self._partials) >= self._max_partials
             or self._room.locked()
         ):
@@ -173,7 +182,7 @@ class BatchingWorker(Generic[Req, Res]):
             extra={"worker": self.name, "cancelled": task.cancelled()},
         )
         self._fail_all(RuntimeError(f"{self.name} batching loop stopped: {error!r}"))
-        self._running = None
+        self._running = {"final": 0, "partial": 0}
 
     def _fail_all(self, error: Exception) -> None:
         waiting = [*self._in_flight, *self._finals, *self._partials]
@@ -192,10 +201,30 @@ class BatchingWorker(Generic[Req, Res]):
             while not self._pending():
                 self._arrived.clear()
                 await self._arrived.wait()
-            await self._gather()
-            batch = self._take()
-            if batch:
-                await self._run(batch)
+            await self._free_threads.acquire()
+            try:
+                await self._gather()
+                batch = self._take()
+            except BaseException:
+                self._free_threads.release()
+                raise
+            if not batch:
+                self._free_threads.release()
+                continue
+            # Not awaited: the next batch forms while this one runs, when a
+            # thread is free for it (with one thread, right after this one).
+            task = asyncio.create_task(self._run(batch), name=f"{self.name}-batch")
+            self._batches.add(task)
+            task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._batches.discard(task)
+        self._free_threads.release()
+        if not task.cancelled() and (error := task.exception()) is not None:
+            # A bug in the bookkeeping, not the model (whose errors reach the
+            # callers): whatever waits would wait forever. Fail it all.
+            log.error("batch task died", exc_info=error, extra={"worker": self.name})
+            self._fail_all(RuntimeError(f"{self.name} batch failed: {error!r}"))
 
     async def _gather(self) -> None:
         """Wait for more requests until the batch is full or the oldest
@@ -227,21 +256,24 @@ class BatchingWorker(Generic[Req, Res]):
         started = time.monotonic()
         for request in batch:
             self.stats.queue_wait.add(started - request.enqueued)
-        self._running = batch[0].priority
-        self._in_flight = batch
+        priority = batch[0].priority
+        self._running[priority] += 1
+        self._in_flight += batch
         try:
             results = await self._thread.run(self._call_model, [r.item for r in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"{self.name}: {len(results)} results for {len(batch)} inputs")
         except Exception as exc:
-            self._running, self._in_flight = None, []
+            self._batch_ended(batch)
             log.warning("batch failed", exc_info=True, extra={"worker": self.name})
             for request in batch:
                 if not request.future.done():
                     request.future.set_exception(exc)
             return
-        # (Cancelled: close() or the loop's done-callback fails the batch.)
-        self._running, self._in_flight = None, []
+        except asyncio.CancelledError:
+            self._batch_ended(batch)  # close(): it fails the batch's callers
+            raise
+        self._batch_ended(batch)
         elapsed = time.monotonic() - started
         self.stats.inference.add(elapsed)
         self.stats.batch_sizes[len(batch)] = self.stats.batch_sizes.get(len(batch), 0) + 1
@@ -257,6 +289,12 @@ class BatchingWorker(Generic[Req, Res]):
         for request, result in zip(batch, results, strict=True):
             if not request.future.done():  # its caller may have gone meanwhile
                 request.future.set_result(result)
+
+    def _batch_ended(self, batch: list[_Request[Req, Res]]) -> None:
+        priority = batch[0].priority
+        self._running[priority] = max(0, self._running[priority] - 1)  # reset if the loop died
+        ended = {id(r) for r in batch}  # by identity: requests hold arrays
+        self._in_flight = [r for r in self._in_flight if id(r) not in ended]
 
     def _call_model(self, items: list[Req]) -> Sequence[Res]:
         """Runs in the worker thread. Whatever the model raises must reach the
@@ -279,5 +317,7 @@ class BatchingWorker(Generic[Req, Res]):
         log.info("batching worker stopped", extra={"worker": self.name, **self.stats.snapshot()})
         if self._task is not None:
             self._task.cancel()
+        for task in list(self._batches):
+            task.cancel()
         self._fail_all(WorkerClosed(f"{self.name} worker closed"))
         self._thread.close()

@@ -24,6 +24,7 @@ from voice_agent.audio.pcm import int16_to_float
 from voice_agent.backends import whisper_weights
 from voice_agent.backends.batching import BatchingWorker
 from voice_agent.config import Settings
+from voice_agent.cpu import default_parallel
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,16 @@ class FasterWhisperStt:
         max_batch: int = 4,
         batch_wait_ms: int = 10,
         max_speculative_batch: int = 2,
+        parallel: int = 1,
     ) -> None:
         path = whisper_weights.resolve(model)
         # Read by oneDNN when it creates its first primitive; a value the
         # operator set in the environment wins.
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
+        # num_workers: CTranslate2 runs that many calls at once, one per
+        # batch the worker lets run side by side (``parallel``).
         self._model = WhisperModel(
-            str(path), device="cpu", compute_type="int8", cpu_threads=threads
+            str(path), device="cpu", compute_type="int8", cpu_threads=threads, num_workers=parallel
         )
         self._language = language or "en"
         self._window = window
@@ -105,6 +109,7 @@ class FasterWhisperStt:
             max_batch,
             batch_wait_ms / 1000.0,
             max_partial_batch=max_speculative_batch,
+            parallel=parallel,
         )
         log.info("stt model loaded", extra={"model": model, "path": str(path), "window": window})
 
@@ -226,4 +231,5 @@ def create(settings: Settings) -> FasterWhisperStt:
         max_batch=settings.stt_max_batch,
         batch_wait_ms=settings.stt_batch_wait_ms,
         max_speculative_batch=settings.stt_partial_max_batch,
+        parallel=settings.stt_parallel or default_parallel(settings.stt_threads),
     )
