@@ -156,6 +156,10 @@ IMAGE ?= localhost/voice-agent:latest
 IMAGE_VARIANT ?= cpu
 IMAGE_NETWORK ?= none
 WHEELHOUSE := .cache/wheelhouse
+# The CUDA variant: the parakeet extra, torch from PyPI (its CUDA build; the
+# CUDA libraries come as nvidia-* wheels).
+WHEELHOUSE_REQUIREMENTS_cpu := '.[embedded]'
+WHEELHOUSE_REQUIREMENTS_cuda := -c constraints-parakeet.txt '.[embedded,parakeet]'
 # The base's packages: what the image needs (python3, venv, libgomp1) and
 # coturn, so the compose file's TURN server runs from the same local base.
 BASE_PACKAGES := python3,python3-venv,libgomp1,ca-certificates,coturn
@@ -178,7 +182,7 @@ $(WHEELHOUSE)/.complete-$(IMAGE_VARIANT): pyproject.toml constraints.txt constra
 	@echo "==> downloading the image's Python packages into $(WHEELHOUSE)"
 	@mkdir -p $(WHEELHOUSE)
 	$(PIP) download --quiet --retries 1 --timeout 30 -d $(WHEELHOUSE) -c constraints.txt \
-		$(if $(filter cuda,$(IMAGE_VARIANT)),-c constraints-parakeet.txt '.[embedded,parakeet]','.[embedded]') \
+		$(WHEELHOUSE_REQUIREMENTS_$(IMAGE_VARIANT)) \
 		'setuptools>=68' wheel
 	$(PIP) download --quiet --retries 1 --timeout 30 --no-deps -d $(WHEELHOUSE) $(NO_DEPS_PACKAGES)
 	@touch $@
