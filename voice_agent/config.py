@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from voice_agent.cpu import available_cores, default_max_calls, default_threads
@@ -100,6 +100,7 @@ class Settings(BaseSettings):
     )
     turn_urls: list[str] = Field(
         default_factory=list,
+        validate_default=True,
         description="TURN URLs handed to clients with minted credentials by GET /v1/ice-servers "
         "(comma-separated, e.g. turn:turn.example.com:3478?transport=udp); the server's own "
         "peer connections use them too unless --server-turn-urls is set.",
@@ -112,6 +113,7 @@ class Settings(BaseSettings):
     turn_ttl_s: int = Field(
         7200,
         ge=60,
+        validate_default=True,
         description="Lifetime of minted TURN credentials; at least --max-call-duration-s (the "
         "TURN server refuses to refresh a call's allocation once its credential expired).",
     )
@@ -419,18 +421,28 @@ class Settings(BaseSettings):
             raise ValueError("must be an absolute http(s) URL without query or fragment")
         return value.rstrip("/")
 
-    @model_validator(mode="after")
-    def _turn_settings_agree(self) -> Settings:
-        if (self.turn_urls or self.server_turn_urls) and self.turn_secret is None:
+    # Field validators, not a model validator: a refusal then echoes only
+    # the field's own value, never the TURN secret.
+    @field_validator("turn_urls", "server_turn_urls")
+    @classmethod
+    def _turn_urls_need_the_secret(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        secret = info.data.get("turn_secret")
+        if value and secret is None:
             raise ValueError("--turn-urls needs --turn-secret (the TURN server's shared secret)")
-        if self.turn_secret is not None and not self.turn_urls:
+        if info.field_name == "turn_urls" and secret is not None and not value:
             raise ValueError("--turn-secret needs --turn-urls (where clients reach TURN)")
-        if self.turn_secret is not None and self.turn_ttl_s < self.max_call_duration_s:
+        return value
+
+    @field_validator("turn_ttl_s")
+    @classmethod
+    def _turn_credentials_outlast_a_call(cls, value: int, info: ValidationInfo) -> int:
+        longest = info.data.get("max_call_duration_s")
+        if info.data.get("turn_secret") is not None and longest is not None and value < longest:
             raise ValueError(
-                f"--turn-ttl-s ({self.turn_ttl_s}) is shorter than --max-call-duration-s "
-                f"({self.max_call_duration_s:g}): a call's TURN allocation would expire"
+                f"--turn-ttl-s ({value}) is shorter than --max-call-duration-s "
+                f"({longest:g}): a call's TURN allocation would expire"
             )
-        return self
+        return value
 
     @classmethod
     def settings_customise_sources(
