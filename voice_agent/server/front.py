@@ -48,6 +48,7 @@ from voice_agent.server.app import (
 from voice_agent.server.auth import AUTH
 from voice_agent.server.errors import error_response
 from voice_agent.server.metrics import LiveState, merge, metrics_response, render, scrape
+from voice_agent.server.public_url import path_prefix
 from voice_agent.server.speech_api import add_speech_routes
 from voice_agent.server.websocket import (
     CALL_ID_HEADER,
@@ -346,7 +347,8 @@ def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web
     app[POOL] = pool
     pool.listeners.append(app[AUTH].on_call_change)
     app.router.add_post(CALLS_PATH, create_call)
-    app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    for prefix in {"", path_prefix(settings.public_url)}:
+        app.router.add_delete(prefix + CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_get(REALTIME_PATH, realtime_websocket)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)

@@ -1,0 +1,83 @@
+"""Short-lived TURN credentials: the TURN REST API scheme coturn implements
+(``use-auth-secret`` with ``static-auth-secret``).
+
+The server and the TURN server share one secret and never talk: a username
+is ``<expiry unix time>:<name>`` and its password is
+``base64(HMAC-SHA1(secret, username))``, so anyone who knows the secret can
+mint credentials, and the TURN server checks them, and their expiry, by
+computing the same HMAC. A leaked credential is good only until its expiry.
+
+coturn checks the expiry on every authenticated request (allocation,
+refresh, permissions), so a credential must outlast the call it carries:
+the settings refuse a ``--turn-ttl-s`` shorter than ``--max-call-duration-s``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import math
+import re
+import time
+from dataclasses import dataclass
+
+from aiortc import RTCIceServer
+
+from voice_agent.config import Settings
+
+# What coturn keeps of a name after the expiry and its ':' separator.
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.@-]")
+MAX_NAME_CHARS = 64
+
+
+@dataclass(frozen=True)
+class TurnCredential:
+    username: str
+    credential: str
+    expires_at: int
+
+
+def mint(secret: str, name: str, ttl_s: float, now: float | None = None) -> TurnCredential:
+    """A credential for ``name`` that expires ``ttl_s`` from ``now``."""
+    expires_at = math.floor((time.time() if now is None else now) + ttl_s)
+    safe_name = _UNSAFE_NAME.sub("_", name)[:MAX_NAME_CHARS] or "anonymous"
+    username = f"{expires_at}:{safe_name}"
+    digest = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
+    return TurnCredential(username, base64.b64encode(digest).decode("ascii"), expires_at)
+
+
+def client_ice_servers(settings: Settings, name: str) -> tuple[list[dict[str, object]], int | None]:
+    """What a client should put in its RTCConfiguration.iceServers: the STUN
+    servers of ``--ice-servers`` and the TURN servers of ``--turn-urls`` with
+    freshly minted credentials; and when those expire (None without TURN).
+    The server's own static TURN credentials (``--ice-credential``) are
+    never handed out."""
+    servers: list[dict[str, object]] = []
+    stun = [url for url in settings.ice_servers if url.startswith(("stun:", "stuns:"))]
+    if stun:
+        servers.append({"urls": stun})
+    if settings.turn_secret is None or not settings.turn_urls:
+        return servers, None
+    minted = mint(settings.turn_secret, name, settings.turn_ttl_s)
+    turn = {"urls": list(settings.turn_urls), "username": minted.username}
+    servers.append({**turn, "credential": minted.credential})
+    return servers, minted.expires_at
+
+
+def server_ice_servers(settings: Settings) -> list[RTCIceServer]:
+    """The server's own ICE servers for one new peer connection: the static
+    ``--ice-servers`` and, with ``--turn-secret``, the TURN servers with a
+    credential minted now (so none is older than the call)."""
+    servers = [
+        RTCIceServer(urls=url, username=settings.ice_username, credential=settings.ice_credential)
+        for url in settings.ice_servers
+    ]
+    urls = settings.server_turn_urls or settings.turn_urls
+    if settings.turn_secret is not None and urls:
+        minted = mint(settings.turn_secret, "voice-agent", settings.turn_ttl_s)
+        servers += [
+            RTCIceServer(urls=url, username=minted.username, credential=minted.credential)
+            for url in urls
+        ]
+    return servers

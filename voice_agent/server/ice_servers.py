@@ -1,0 +1,41 @@
+"""``GET /v1/ice-servers``: the ICE servers a client should use, with TURN
+credentials minted for it on each request (``voice_agent/rtc/turn.py``).
+
+An endpoint of its own rather than a field of the client-secret answer: a
+server-side client with an API key (a SIP gateway, the Python client), a
+page on a server without keys and a browser app's backend (which fetches it
+next to the client secret and hands the page both) all get them the same
+way, and OpenAI's client-secret shape stays as it is. It needs an API key
+where offers do (a TURN relay is worth abusing); the credentials name the
+key's id, so the TURN server's logs say whose they were.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from voice_agent.rtc.turn import client_ice_servers
+from voice_agent.server.admission import SETTINGS
+from voice_agent.server.auth import AUTH, AuthError
+from voice_agent.server.errors import error_response
+
+ICE_SERVERS_PATH = "/v1/ice-servers"
+
+
+async def ice_servers(request: web.Request) -> web.StreamResponse:
+    try:
+        caller = request.app[AUTH].identify(request.headers, allow_secret=False)
+    except AuthError as exc:
+        return error_response(exc.status, exc.code, str(exc))
+    servers, expires_at = client_ice_servers(
+        request.app[SETTINGS], caller.key_id if caller is not None else "anonymous"
+    )
+    # Credentials: never kept by a cache on the way.
+    return web.json_response(
+        {"ice_servers": servers, "expires_at": expires_at},
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+def add_ice_servers_route(app: web.Application) -> None:
+    app.router.add_get(ICE_SERVERS_PATH, ice_servers)
