@@ -54,6 +54,7 @@ class SpeechServer:
         self.fault: Fault = "error"
         self.poisoned = 0  # requests answered with the fault
         self.abandoned = 0  # requests whose client hung up before the end
+        self._abandon_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._released = asyncio.Event()  # ends the hangs (at shutdown)
         self.app = web.Application()
         self.app.router.add_post("/v1/audio/speech", self.speech)
@@ -65,9 +66,21 @@ class SpeechServer:
             return await self._speech(request)
         except asyncio.CancelledError:  # the client went away (handler cancellation)
             self.abandoned += 1
+            for count, future in self._abandon_waiters:
+                if self.abandoned >= count and not future.done():
+                    future.set_result(None)
             raise
         finally:
             self.in_flight -= 1
+
+    def wait_abandoned(self, count: int) -> asyncio.Future[None]:
+        """Resolves once ``count`` requests in all were hung up on."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.abandoned >= count:
+            future.set_result(None)
+        else:
+            self._abandon_waiters.append((count, future))
+        return future
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
@@ -97,6 +110,9 @@ class SpeechServer:
         for start in range(0, len(pcm), WRITE_SAMPLES):
             if start == WRITE_SAMPLES:  # after the first write
                 if poisoned and self.fault == "break":
+                    # The first write is read before the reset, which would
+                    # discard it were it still unread.
+                    await asyncio.sleep(0.05)
                     assert request.transport is not None
                     request.transport.abort()
                     return response
