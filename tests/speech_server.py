@@ -45,9 +45,10 @@ class SpeechServer:
         self.most_in_flight = 0  # requests being answered at once, at most
         self.stall = asyncio.Event()  # cleared: every request waits before answering
         self.stall.set()
-        # Cleared: each piece's first write goes out, the rest waits for it.
+        # Cleared: each piece's first ``held_after`` samples go out, the rest waits for it.
         self.rest = asyncio.Event()
         self.rest.set()
+        self.held_after = WRITE_SAMPLES
         self.first_written = asyncio.Event()  # a piece's first write has gone out
         # Pieces whose text holds ``poison`` get ``fault``.
         self.poison: str | None = None
@@ -118,6 +119,7 @@ class SpeechServer:
                     return response
                 if poisoned and self.fault == "stall":
                     await self._released.wait()
+            if start == self.held_after:
                 await self.rest.wait()
             await response.write(pcm[start : start + WRITE_SAMPLES].astype("<i2").tobytes())
             self.first_written.set()

@@ -211,6 +211,37 @@ async def test_several_callers_hear_replies_spoken_by_the_remote_server(
         await close_quietly(llm)
 
 
+async def test_a_piece_plays_while_the_server_is_still_sending_it(
+    engine: Engine,
+    remote: tuple[SpeechServer, str],
+    peer: ScriptedLlmServer,
+    http: aiohttp.ClientSession,
+) -> None:
+    server, url = remote
+    tts = remote_tts(url, tts_timeout_s=CALL_TTS_TIMEOUT_S)
+    llm = make_llm(API, peer.base_url)
+    settings = settings_with(llm_prefill=False)
+    served = engine_with_models(engine, settings, llm=llm, tts=tts)
+    peer.add(Script(text_events(API, REPLIES[0])))  # one piece, ~2 s of speech
+    try:
+        async with run_server(settings, served) as srv:
+            client = await caller(srv, http)
+            # The server sends a piece's first half second, then holds the rest.
+            server.held_after, server.rest = OPENAI_PCM_RATE // 2, asyncio.Event()
+            asked_at = time.monotonic()
+            reply = asyncio.create_task(ask(client, "Hello?"))
+            await asyncio.wait_for(client.wait_for_type("output_audio_buffer.started"), 20)
+            assert server.in_flight == 1 and not server.sent  # the piece is still coming
+            server.rest.set()
+            done = await asyncio.wait_for(reply, 20)
+            assert done["status"] == "completed" and transcript(done) == REPLIES[0]
+            assert len(server.sent) == 1 and server.sent[0] > OPENAI_PCM_RATE
+            assert client.received.first_sound_after(asked_at) is not None
+            await client.hangup(http)
+    finally:
+        await close_quietly(llm)
+
+
 @pytest.mark.parametrize("fault", ["error", "hang", "break"])
 async def test_a_remote_tts_failing_on_a_piece_is_apologised_for(
     engine: Engine,
