@@ -49,7 +49,6 @@ class SpeechServer:
         self.rest = asyncio.Event()
         self.rest.set()
         self.held_after = WRITE_SAMPLES
-        self.first_written = asyncio.Event()  # a piece's first write has gone out
         # Pieces whose text holds ``poison`` get ``fault``.
         self.poison: str | None = None
         self.fault: Fault = "error"
@@ -122,7 +121,6 @@ class SpeechServer:
             if start == self.held_after:
                 await self.rest.wait()
             await response.write(pcm[start : start + WRITE_SAMPLES].astype("<i2").tobytes())
-            self.first_written.set()
         await response.write_eof()
         self.sent.append(len(pcm))
         return response
