@@ -168,9 +168,7 @@ async function listMicrophones() {
 
 // The voices the server has (GET /v1/voices), offered in the settings.
 async function listVoices() {
-  const answer = await fetch('/v1/voices');
-  if (!answer.ok) throw new Error(`voices: HTTP ${answer.status}`);
-  const { data } = await answer.json();
+  const data = await new VoiceAgent().voices();
   const chosen = ui.voice.value;
   const options = [new Option('Server default', '')];
   for (const v of data) {
