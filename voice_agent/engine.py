@@ -57,6 +57,9 @@ class SharedModelLinks:
     prefill: bool
     model_name: str
     voice_name: str
+    # The model process's voices, the default first, and its TTS backend's name.
+    tts_voices: tuple[str, ...] = ()
+    tts_backend: str = "piper"
 
 
 class Engine:
@@ -70,9 +73,29 @@ class Engine:
         self.model_name = links.model_name if links else settings.llm_model or MODEL_ALIAS
         self.llm_config: HttpLlmConfig | None = None  # the endpoint, once started
         self.tools: ToolRegistry | None = None
-        self.voice_name = Path(settings.tts_voice).stem if settings.tts_voice else "joe"
-        if links is not None:
-            self.voice_name = links.voice_name
+
+    @property
+    def voice_name(self) -> str:
+        """The default voice: the TTS's first."""
+        if self.links is not None:
+            return self.links.voice_name
+        assert self.models is not None, "no voice before the models are loaded"
+        return str(self.models.tts.voices()[0])
+
+    def voice_catalog(self) -> list[dict[str, Any]]:
+        """The voices a session may choose (``GET /v1/voices``)."""
+        if self.models is None:
+            return []
+        backend = self.links.tts_backend if self.links is not None else self.models.tts.name
+        return [
+            {
+                "name": name,
+                "backend": backend,
+                "default": index == 0,
+                "sample_rate": self.models.tts.sample_rate,
+            }
+            for index, name in enumerate(self.models.tts.voices())
+        ]
 
     @property
     def ready(self) -> bool:
@@ -136,7 +159,12 @@ class Engine:
         return Models(
             vad=vad,
             stt=HostedStt(links.speech_socket, links.partial_interval_ms, s.stt_timeout_s),
-            tts=hosted_tts(links.speech_socket, links.tts_sample_rate, s.tts_timeout_s),
+            tts=hosted_tts(
+                links.speech_socket,
+                links.tts_sample_rate,
+                s.tts_timeout_s,
+                links.tts_voices or (links.voice_name,),
+            ),
             llm=llm,
         )
 
@@ -151,6 +179,8 @@ class Engine:
             prefill=self.llm_prefill,
             model_name=self.model_name,
             voice_name=self.voice_name,
+            tts_voices=tuple(self.models.tts.voices()),
+            tts_backend=self.models.tts.name,
         )
 
     async def start_llm(self) -> LlmBackend:

@@ -244,7 +244,7 @@ async def run_checks(settings: Settings) -> list[Row]:
         if settings.llm_base_url is None
         else f"{settings.llm_model or '(default)'} at {settings.llm_base_url}"
     )
-    tts_model = Path(settings.tts_voice).stem if settings.tts_voice else "joe"
+    tts_model = (settings.tts_voice or "joe").split(",")[0]  # the default voice
     stages: list[tuple[str, str, str, Callable[[Settings], Awaitable[str]]]] = [
         ("vad", settings.vad, f"aggressiveness {settings.vad_aggressiveness}", check_vad),
         ("stt", settings.stt, settings.stt_model, check_stt),

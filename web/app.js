@@ -166,10 +166,22 @@ async function listMicrophones() {
   ui.microphone.value = options.some((o) => o.value === chosen) ? chosen : '';
 }
 
+// The voices the server has (GET /v1/voices), offered in the settings.
+async function listVoices() {
+  const data = await new VoiceAgent().voices();
+  const chosen = ui.voice.value;
+  const options = [new Option('Server default', '')];
+  for (const v of data) {
+    options.push(new Option(v.default ? `${v.name} (default, ${v.backend})` : `${v.name} (${v.backend})`, v.name));
+  }
+  ui.voice.replaceChildren(...options);
+  ui.voice.value = options.some((o) => o.value === chosen) ? chosen : '';
+}
+
 function settingsFromForm() {
   const settings = {};
   if (ui.instructions.value.trim()) settings.instructions = ui.instructions.value.trim();
-  if (ui.voice.value.trim()) settings.voice = ui.voice.value.trim();
+  if (ui.voice.value) settings.voice = ui.voice.value;
   if (ui.silence.value) settings.turnDetection = { silenceDurationMs: Number(ui.silence.value) };
   return settings;
 }
@@ -177,7 +189,7 @@ function settingsFromForm() {
 function showSession(session) {
   const voice = session?.audio?.output?.voice;
   if (!ui.instructions.value) ui.instructions.placeholder = session?.instructions ?? 'Server default';
-  if (!ui.voice.value && voice) ui.voice.placeholder = voice;
+  if (voice) ui.voice.options[0].textContent = `Server default (${voice})`;
   const silence = session?.audio?.input?.turn_detection?.silence_duration_ms;
   if (!ui.silence.value && silence) ui.silence.placeholder = String(silence);
 }
@@ -189,7 +201,7 @@ async function applySettings() {
     return;
   }
   try {
-    // A voice the server does not have is refused, with the one it has named.
+    // A voice the server does not have is refused, with the ones it has named.
     await agent.updateSession(wanted);
     ui.note.textContent = 'Applied.';
   } catch (err) {
@@ -242,6 +254,7 @@ async function connect() {
   if (current !== agent) return;
   startMeters();
   listMicrophones().catch(() => {}); // labels are readable now that access was granted
+  if (ui.voice.options.length === 1) listVoices().catch(() => {}); // loading at page load
   if (Object.keys(settingsFromForm()).length) applySettings();
 }
 
@@ -274,6 +287,7 @@ ui.textForm.addEventListener('submit', (e) => {
   }
 });
 ui.apply.addEventListener('click', applySettings);
+listVoices().catch(() => {}); // the picker keeps its "Server default" alone
 navigator.mediaDevices?.addEventListener?.('devicechange', () => listMicrophones().catch(() => {}));
 listMicrophones().catch(() => {});
 window.addEventListener('pagehide', () => hangUp());

@@ -55,6 +55,16 @@ export interface SessionOptions {
   turnDetection?: TurnDetection;
 }
 
+/** One of the server's voices (`GET /v1/voices`), for `SessionOptions.voice`. */
+export interface Voice {
+  name: string;
+  /** The TTS backend that speaks it: piper, openai, coqui. */
+  backend: string;
+  /** The voice a session speaks with until it chooses another. */
+  default: boolean;
+  sample_rate: number;
+}
+
 export interface ReconnectOptions {
   /** Retries after a failed connect or a lost call (default 3). */
   attempts?: number;
@@ -150,6 +160,8 @@ export declare class VoiceAgent {
   unmute(): void;
   /** Cancel the reply in progress and cut the audio being played. */
   interrupt(): void;
+  /** The voices the server has, the default first (no call needed). */
+  voices(): Promise<Voice[]>;
   /** Resolves with the session the server now has (`session.updated`). */
   updateSession(options: SessionOptions): Promise<Record<string, unknown>>;
   /** A typed user message (`conversation.item.create` + `response.create`); a reply in

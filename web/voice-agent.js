@@ -602,6 +602,21 @@ export class VoiceAgent {
     }
   }
 
+  /** The voices the server has (GET /v1/voices), the default first; needs no call. */
+  async voices() {
+    let res;
+    try {
+      res = await fetch(`${this.base}/v1/voices`);
+    } catch {
+      throw new VoiceAgentError('server_unreachable', `The voice server at ${this.base} could not be reached.`);
+    }
+    if (!res.ok) {
+      const error = await refusal(res);
+      throw new VoiceAgentError(error.code, error.message, { status: res.status, retryAfter: error.retryAfter });
+    }
+    return (await res.json()).data;
+  }
+
   /** Change instructions, voice or turn detection; resolves with the updated session. */
   updateSession(options) {
     const event = sessionUpdateEvent(options);

@@ -88,23 +88,29 @@ async def test_the_demo_page_answers_a_spoken_question(
         # The microphone picker lists the (fake) devices once access was granted.
         assert await page.locator("#microphone option").count() >= 2
 
-        # Settings go to the server. A voice it does not have is refused (the
-        # whole update: nothing changes), and the page says which one it has.
+        # The voice picker offers the server's voices (GET /v1/voices).
         await page.click("#settings summary")
+        offered = await page.eval_on_selector_all("#voice option", "os => os.map(o => o.value)")
+        assert offered == ["", "joe"], offered
+        # Settings go to the server. A voice it does not have (a list from
+        # before the server changed its voices) is refused, the whole update
+        # (nothing changes), and the page names the ones it has.
+        await page.evaluate("document.querySelector('#voice').add(new Option('alloy', 'alloy'))")
         await page.fill("#instructions", "Answer like a pirate.")
-        await page.fill("#voice", "alloy")
+        await page.select_option("#voice", "alloy")
         await page.click("#apply")
         note = page.locator("#settings-note")
         await page.wait_for_function("document.querySelector('#settings-note').textContent")
         refused = await note.text_content() or ""
-        assert refused.startswith("Not applied") and 'voice "joe"' in refused
+        assert refused.startswith("Not applied") and "'joe'" in refused, refused
         (call,) = server.calls.calls()
         assert call.session.conversation.instructions != "Answer like a pirate."
-        await page.fill("#voice", "joe")
+        await page.select_option("#voice", "joe")
         await page.click("#apply")
         await page.wait_for_function(
             "document.querySelector('#settings-note').textContent === 'Applied.'"
         )
+        assert call.session.voice == "joe"
         assert call.session.conversation.instructions == "Answer like a pirate."
         await page.screenshot(path=str(ARTIFACTS / "demo-desktop.png"), full_page=True)
 

@@ -165,6 +165,16 @@ async def test_a_page_on_another_origin_calls_and_hangs_up(
              .then(() => 'accepted', (e) => e.code)"""
     )
     assert refused == "invalid_value"
+    # The server's voices, read from this origin; one is chosen, another it lacks refused.
+    voices = await page.evaluate("window.agent.voices()")
+    assert voices == [{"name": "joe", "backend": "piper", "default": True, "sample_rate": 22050}]
+    chosen = await page.evaluate("window.agent.updateSession({ voice: 'joe' })")
+    assert chosen["audio"]["output"]["voice"] == "joe"
+    unknown = await page.evaluate(
+        """() => window.agent.updateSession({ voice: 'alloy' }).then(() => 'accepted',
+             (e) => [e.code, e.message])"""
+    )
+    assert unknown[0] == "invalid_value" and "'joe'" in unknown[1], unknown
     levels = await page.evaluate("window.agent.getLevels()")
     assert set(levels) == {"input", "output"}
 

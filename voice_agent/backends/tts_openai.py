@@ -7,6 +7,12 @@ by this service's own model process (``--workers``), which also takes
 ``priority: "urgent"`` for a reply's first piece. One pooled keep-alive
 session for every piece; cancelling a caller closes its connection, which
 ends the server's work on it.
+
+The voices are names the server knows (``--tts-remote-voices``; the
+server is not asked, as OpenAI's has no list). ``--tts-timeout-s`` bounds
+the wait for the first audio and every gap in the stream after it, not the
+whole piece: a streaming server may take longer than that to say a long
+sentence, as long as it keeps talking.
 """
 
 from __future__ import annotations
@@ -39,24 +45,30 @@ class OpenAITts(PooledHttpClient):
         base_url: str,
         api_key: str | None,
         model: str,
-        voice: str,
+        voices: Sequence[str],
         timeout_s: float,
         sample_rate: int = OPENAI_PCM_RATE,
         unix_socket: str | None = None,
         send_priority: bool = False,
     ) -> None:
         super().__init__(base_url.rstrip("/") + "/audio/speech", timeout_s, unix_socket)
+        if not voices:
+            raise BackendUnavailable("the remote TTS needs at least one voice name")
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=timeout_s, sock_read=timeout_s
+        )
+        self._timeout_s = timeout_s
         self.sample_rate = sample_rate
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._model = model
-        self._voice = voice
+        self._voices = tuple(voices)
         self._send_priority = send_priority
 
     def _closed_error(self) -> Exception:
         return RemoteTtsError(f"the TTS client for {self.url} is closed")
 
     def voices(self) -> Sequence[str]:
-        return (self._voice,)
+        return self._voices
 
     async def stream(
         self, text: str, voice: str | None = None, urgent: bool = False
@@ -65,7 +77,7 @@ class OpenAITts(PooledHttpClient):
         body: dict[str, object] = {
             "model": self._model,
             "input": text,
-            "voice": voice or self._voice,
+            "voice": voice or self._voices[0],
             "response_format": "pcm",
         }
         if self._send_priority:
@@ -75,6 +87,7 @@ class OpenAITts(PooledHttpClient):
         loop = asyncio.get_running_loop()
         started = loop.time()
         carry = b""
+        sent = 0  # samples yielded: a failure after some is a broken stream
         try:
             async with self._session().post(self.url, json=body, headers=self._headers) as response:
                 if response.status != 200:
@@ -87,28 +100,45 @@ class OpenAITts(PooledHttpClient):
                     raise RemoteTtsError(
                         f"TTS server {self.url} sent {rate} Hz, not {self.sample_rate}"
                     )
-                first = True
                 async for data in response.content.iter_any():
                     data = carry + data
                     whole = len(data) - len(data) % 2
                     carry = data[whole:]
                     if not whole:
                         continue
-                    if first:
+                    if not sent:
                         self._latency.add(loop.time() - started)
-                        first = False
+                    sent += whole // 2
                     yield np.frombuffer(data[:whole], dtype="<i2").astype(np.int16)
+        except TimeoutError:  # before ClientError: aiohttp's read timeout is both
+            self._errors += 1
+            if sent:
+                raise RemoteTtsError(
+                    f"TTS server {self.url} sent no more audio for {self._timeout_s:g} s "
+                    f"after {1000 * sent / self.sample_rate:.0f} ms of it"
+                ) from None
+            raise RemoteTtsError(
+                f"TTS server {self.url} gave no audio within {self._timeout_s:g} s"
+            ) from None
         except aiohttp.ClientError as exc:
             self._errors += 1
+            if sent:
+                raise RemoteTtsError(
+                    f"TTS server {self.url} broke off the audio after "
+                    f"{1000 * sent / self.sample_rate:.0f} ms: {exc}"
+                ) from exc
             raise RemoteTtsError(f"cannot reach TTS server {self.url}: {exc}") from exc
-        except TimeoutError:
-            self._errors += 1
-            raise RemoteTtsError(
-                f"TTS server {self.url} gave no audio within {self._timeout.total} s"
-            ) from None
         except RemoteTtsError:
             self._errors += 1
             raise
+
+
+def remote_voices(settings: Settings) -> list[str]:
+    """The voice names to offer, the default first: ``--tts-remote-voices``,
+    led by ``--tts-remote-voice`` when that is given too."""
+    voices = [v for v in settings.tts_remote_voices if v]
+    default = settings.tts_remote_voice or (voices[0] if voices else DEFAULT_VOICE)
+    return [default, *(v for v in voices if v != default)]
 
 
 def create(settings: Settings) -> OpenAITts:
@@ -121,19 +151,22 @@ def create(settings: Settings) -> OpenAITts:
         settings.tts_base_url,
         settings.tts_api_key or os.environ.get("OPENAI_API_KEY"),
         settings.tts_model or DEFAULT_MODEL,
-        settings.tts_remote_voice or DEFAULT_VOICE,
+        remote_voices(settings),
         settings.tts_timeout_s,
         settings.tts_sample_rate,
     )
 
 
-def hosted(unix_socket: str, sample_rate: int, timeout_s: float) -> OpenAITts:
-    """A client of this service's own model process (``--workers``)."""
+def hosted(
+    unix_socket: str, sample_rate: int, timeout_s: float, voices: Sequence[str]
+) -> OpenAITts:
+    """A client of this service's own model process (``--workers``), which
+    speaks with ``voices`` (the model's own)."""
     return OpenAITts(
         "http://models/v1",
         None,
         "default",
-        "default",
+        voices,
         timeout_s,
         sample_rate=sample_rate,
         unix_socket=unix_socket,

@@ -4,7 +4,7 @@ cannot honour, is refused with an error naming it, never ignored."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from voice_agent.realtime.errors import ClientEventError
@@ -49,18 +49,21 @@ def check_format(value: Any, param: str) -> None:
         raise unsupported(param, "only {'type': 'audio/pcm', 'rate': 24000} is supported")
 
 
-def check_voice(value: Any, param: str, voice: str) -> None:
-    """The server speaks with one voice: naming it is fine, another is not."""
+def check_voice(value: Any, param: str, voices: Sequence[str]) -> str:
+    """One of the voices the server's TTS has (a name, or ``{"id": name}``
+    as OpenAI's custom voices are given): its name."""
     name = value.get("id") if isinstance(value, dict) else value
     if not isinstance(name, str):
         raise ClientEventError("invalid_type", f"{param} must be a voice name", param)
-    if name != voice:
+    if name not in voices:
+        listed = ", ".join(repr(v) for v in voices)
         raise ClientEventError(
             "invalid_value",
-            f"Invalid value: {name!r}. Supported values are: {voice!r} "
-            f'(this server speaks with the voice "{voice}").',
+            f"Invalid value: {name!r}. Supported values are: {listed} "
+            "(the voices of this server's TTS, listed at GET /v1/voices).",
             param,
         )
+    return name
 
 
 def parse_modalities(value: Any, param: str) -> bool:

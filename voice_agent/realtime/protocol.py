@@ -74,7 +74,7 @@ class RealtimeProtocol:
         self.session = session
         self._send_raw = send
         self.model = model
-        self.voice = voice
+        self.voice = voice  # the session's, told in its session object
         self.max_output_tokens = max_output_tokens
         self._session_object_id = session.id
         self._expires_at = int(time.time()) + 3600
@@ -214,7 +214,10 @@ class RealtimeProtocol:
             "output_modalities": self._modalities(audio),
             "max_output_tokens": self.session.config.reply.max_tokens,
             "audio": {
-                "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": self.voice}
+                "output": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "voice": started.voice if started and started.voice else self.voice,
+                }
             },
             "usage": None,
             "metadata": dict(started.metadata) if started and started.metadata else None,
@@ -634,7 +637,7 @@ class RealtimeProtocol:
         server_tools = self.session.config.tools
         return ServerSession(
             model=self.model,
-            voice=self.voice,
+            voices=tuple(self.session.models.tts.voices()),
             stt_model=self.session.models.stt.name,
             server_tools=tuple(t.name for t in server_tools.specs) if server_tools else (),
             token_cap=self.max_output_tokens,
@@ -651,7 +654,10 @@ class RealtimeProtocol:
             tool_choice=changes.tool_choice,
             max_output_tokens=changes.max_output_tokens,
             audio_output=changes.audio_output,
+            voice=changes.voice,
         )
+        if changes.voice is not None:
+            self.voice = changes.voice
         if changes.tools is not None:
             self._tools_json = tool_items.tools_json(changes.tools)
         if changes.transcription is not None:
@@ -699,7 +705,7 @@ class RealtimeProtocol:
         server_tools = self.session.config.tools
         request = parse_response_options(
             options,
-            self.voice,
+            tuple(self.session.models.tts.voices()),
             [t.name for t in server_tools.specs] if server_tools else (),
             self.max_output_tokens,
             self.session.item_message,

@@ -6,7 +6,7 @@ history (messages, or references to items the conversation holds);
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from voice_agent.backends.base import ChatMessage
@@ -54,7 +54,7 @@ _TEXT_PARTS = {
 
 def parse_response_options(
     options: JsonDict,
-    voice: str,
+    voices: Sequence[str],
     server_tools: Collection[str],
     token_cap: int,
     item_message: Callable[[str], ChatMessage | None],
@@ -80,8 +80,9 @@ def parse_response_options(
     audio = None
     if options.get("output_modalities") is not None:
         audio = parse_modalities(options["output_modalities"], "response.output_modalities")
+    voice = None
     if options.get("audio") is not None:
-        _check_audio(object_at(options["audio"], "response.audio"), voice)
+        voice = _parse_audio(object_at(options["audio"], "response.audio"), voices)
     tools = (
         tuple(tool_items.parse_tools(options["tools"], server_tools, "response.tools"))
         if options.get("tools") is not None
@@ -112,18 +113,21 @@ def parse_response_options(
         audio=audio,
         tools=tools,
         tool_choice=tool_choice,
+        voice=voice,
     )
 
 
-def _check_audio(audio: JsonDict, voice: str) -> None:
+def _parse_audio(audio: JsonDict, voices: Sequence[str]) -> str | None:
+    """The reply's voice, when it names one (None: the session's)."""
     check_keys(audio, ("output",), "response.audio")
     if audio.get("output") is None:
-        return
+        return None
     output = object_at(audio["output"], "response.audio.output")
     check_keys(output, ("format", "voice"), "response.audio.output")
     check_format(output.get("format"), "response.audio.output.format")
-    if output.get("voice") is not None:
-        check_voice(output["voice"], "response.audio.output.voice", voice)
+    if output.get("voice") is None:
+        return None
+    return check_voice(output["voice"], "response.audio.output.voice", voices)
 
 
 def _parse_metadata(value: Any) -> dict[str, str] | None:

@@ -74,7 +74,7 @@ class ServerSession:
     """What the server offers a session: the names it answers to and its defaults."""
 
     model: str
-    voice: str
+    voices: tuple[str, ...]  # the TTS's, the default first
     stt_model: str
     server_tools: tuple[str, ...]
     token_cap: int
@@ -98,6 +98,7 @@ class SessionChanges:
     turn: TurnSetting | None = None
     transcription: bool | None = None  # False: no transcription events
     audio_output: bool | None = None
+    voice: str | None = None
 
 
 def parse_session_update(session: JsonDict, server: ServerSession) -> SessionChanges:
@@ -187,7 +188,7 @@ def _parse_audio(audio: JsonDict, server: ServerSession, changes: SessionChanges
         check_keys(output, ("format", "voice", "speed"), where)
         check_format(output.get("format"), f"{where}.format")
         if output.get("voice") is not None:
-            check_voice(output["voice"], f"{where}.voice", server.voice)
+            changes.voice = check_voice(output["voice"], f"{where}.voice", server.voices)
         speed = output.get("speed")
         if speed is not None and (isinstance(speed, bool) or speed != 1.0):
             raise unsupported(f"{where}.speed", "only 1.0 (the speed set with --tts-speed)")

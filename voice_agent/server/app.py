@@ -483,9 +483,20 @@ def new_runner(app: web.Application) -> web.AppRunner:
     return web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
 
 
+async def voices(request: web.Request) -> web.StreamResponse:
+    """The voices a session may choose (session.update's audio.output.voice)."""
+    catalog = request.app[ENGINE].voice_catalog()
+    if not catalog:
+        return error_response(
+            503, "loading", "the models are still loading", {"Retry-After": RETRY_AFTER_S}
+        )
+    return web.json_response({"object": "list", "data": catalog})
+
+
 def add_shared_routes(app: web.Application, settings: Settings, engine: Engine) -> None:
-    """Health, the demo page, the SDK and the LLM proxy."""
+    """Health, the voices, the demo page, the SDK and the LLM proxy."""
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/voices", voices)
     app.router.add_get("/", index)
     add_client_secrets_route(app)
     add_ice_servers_route(app)

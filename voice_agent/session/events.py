@@ -57,6 +57,7 @@ class ResponseStarted:
     audio: bool = True  # False: a text-only reply (no speech is synthesised)
     in_conversation: bool = True  # False: out of band, the history never sees it
     metadata: Mapping[str, str] | None = None  # the client's labels for it
+    voice: str | None = None  # the voice it speaks with; None: the TTS's default
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,7 @@ class Response:
                 audio=self.audio,
                 in_conversation=self.conversation is not None,
                 metadata=self.metadata,
+                voice=self.voice,
             )
         )
 

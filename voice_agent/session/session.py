@@ -105,6 +105,7 @@ class ResponseRequest:
     audio: bool | None = None  # None: as the session's replies
     tools: tuple[ToolSpec, ...] | None = None  # the client's tools for it (None: the session's)
     tool_choice: ToolChoice | None = None
+    voice: str | None = None  # one of the TTS's voices (None: the session's)
 
 
 class ItemError(ValueError):
@@ -158,6 +159,7 @@ class VoiceSession:
         )
         self._manual = ManualTurnBuffer(turn.max_turn_s)
         self.audio_output = True  # False: replies are text only
+        self.voice: str | None = None  # one of the TTS's voices; None: its default
         # Once the client sends its audio as data, its media track is ignored:
         # two sources would interleave their frames into one garbled stream.
         self._track_muted = False
@@ -458,6 +460,7 @@ class VoiceSession:
             audio=self.audio_output if request.audio is None else request.audio,
             metadata=request.metadata,
             script=script,
+            voice=self.voice if request.voice is None else request.voice,
         )
         self._live_responses.add(response)
         response.start()
@@ -531,6 +534,7 @@ class VoiceSession:
         tool_choice: ToolChoice | None = None,
         max_output_tokens: int | None = None,
         audio_output: bool | None = None,
+        voice: str | None = None,
     ) -> None:
         if instructions is not None:
             self.conversation.instructions = instructions
@@ -539,6 +543,8 @@ class VoiceSession:
             self.set_turn_detection(dataclasses.replace(self.turn_detection, silence_ms=silence_ms))
         if audio_output is not None:
             self.audio_output = audio_output
+        if voice is not None:  # the replies after this one speak with it
+            self.voice = voice
         if tools is not None:
             self.client_tools = tools
         if tool_choice is not None:
