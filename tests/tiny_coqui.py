@@ -9,10 +9,10 @@ how the audio is made and delivered."""
 from __future__ import annotations
 
 import json
+import wave
 from pathlib import Path
 
 import numpy as np
-import soundfile
 
 VITS_SPEAKERS = ("ann", "bob")
 XTTS_SPEAKER = "Studio Voice"  # in its speakers_xtts.pth
@@ -68,7 +68,7 @@ def build_tiny_vits(folder: Path) -> Path:
     )
     config.audio.sample_rate = 16000
     torch.manual_seed(0)
-    model = Vits.init_from_config(config)
+    model = Vits(config)
     torch.save({"model": model.state_dict(), "config": config.to_dict()}, folder / "model.pth")
     # As a downloaded model's: the speakers file named where it was trained;
     # the loader must take the copy beside the model.
@@ -81,7 +81,11 @@ def speaker_wav(path: Path, hz: float, seconds: float = 2.0) -> Path:
     """A voice sample to clone (a tone: the tiny model does not care)."""
     t = np.arange(int(22050 * seconds)) / 22050
     samples = 0.3 * np.sin(2 * np.pi * hz * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
-    soundfile.write(path, samples.astype(np.float32), 22050)
+    with wave.open(str(path), "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(2)
+        handle.setframerate(22050)
+        handle.writeframes((samples * 32767).astype(np.int16).tobytes())
     return path
 
 
@@ -120,7 +124,7 @@ def build_tiny_xtts(folder: Path) -> Path:
     # top_k=1: greedy, so the same text and voice always give the same audio.
     config = XttsConfig(model_args=args, languages=["en"], top_k=1)
     torch.manual_seed(0)
-    model = Xtts.init_from_config(config)
+    model = Xtts(config)
     with torch.no_grad():
         model.gpt.mel_head.bias[args.gpt_stop_audio_token] = -1e4  # never stops early
     # Saved as Coqui saves a trained XTTS: before eval() adds inference-only parts.

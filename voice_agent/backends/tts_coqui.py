@@ -116,14 +116,16 @@ def _speaker_wavs(reference: str | None) -> dict[str, Path]:
 
 def _to_int16(wav: Any) -> np.ndarray:
     samples = np.asarray(wav.detach().cpu().numpy() if hasattr(wav, "detach") else wav)
-    return (np.clip(samples.reshape(-1), -1.0, 1.0) * 32767).astype(np.int16)
+    scaled: np.ndarray = np.clip(samples.reshape(-1), -1.0, 1.0) * 32767
+    return scaled.astype(np.int16)
 
 
 @dataclass
 class _XttsStream:
-    """One piece being streamed: its generator, and the GPT prompt embedding
-    it was started with (see _next_chunk)."""
+    """One piece being streamed: its text, its generator, and the GPT prompt
+    embedding it was started with (see _next_chunk)."""
 
+    text: str
     chunks: Iterator[Any]
     prefix: Any = None
     made: int = 0
@@ -286,7 +288,7 @@ class CoquiTts:
             yield await self._worker.run(self._synthesize_blocking, text, speaker, urgent=urgent)
             return
         started = time.perf_counter()
-        stream = _XttsStream(self._start_stream(text, speaker))
+        stream = _XttsStream(text, self._start_stream(text, speaker))
         try:
             while True:
                 # Only the first chunk is urgent: the caller waits for it; the
