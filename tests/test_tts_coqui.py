@@ -109,7 +109,9 @@ def tiny_vits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_vits(tmp_path_factory.mktemp("coqui") / "vits")
 
 
-FFMPEG_5 = "libavcodec59 libavformat59 libavutil57 libavdevice59 libavfilter8 libswscale6 libswresample4"
+FFMPEG_5 = (
+    "libavcodec59 libavformat59 libavutil57 libavdevice59 libavfilter8 libswscale6 libswresample4"
+)
 
 
 @pytest.fixture(scope="session")
