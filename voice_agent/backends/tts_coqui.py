@@ -172,6 +172,7 @@ class CoquiTts:
         self._speed = speed
         self._worker = PriorityInferenceWorker("tts")
         self._closing: set[asyncio.Task[None]] = set()
+        self._closed = False
         self.counters = CoquiStats()
         if self.streams:
             languages = list(config.get("languages") or ["en"])
@@ -347,9 +348,16 @@ class CoquiTts:
         """Close an unfinished generator in the worker thread (where it runs),
         after the chunk it may be making now; a barge-in does not wait for it."""
         self.counters.streams_closed_early += 1
+        if self._closed:
+            return  # the worker is gone; so is the model with it
 
         async def close() -> None:
-            await self._worker.run(self._close_stream, stream, urgent=True)
+            try:
+                await self._worker.run(self._close_stream, stream, urgent=True)
+            except asyncio.CancelledError:
+                pass  # the backend closed meanwhile
+            except Exception:
+                log.warning("closing an xtts stream failed", exc_info=True)
 
         task = asyncio.get_running_loop().create_task(close())
         self._closing.add(task)
@@ -384,6 +392,7 @@ class CoquiTts:
         }
 
     def close(self) -> None:
+        self._closed = True
         self._worker.close()
 
 
