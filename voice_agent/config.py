@@ -363,7 +363,9 @@ class Settings(BaseSettings):
     tts_voice: str | None = Field(
         None,
         description="Piper voices: .onnx files, folders of them, or joe (the packaged "
-        "voice), comma-separated; the first is the default (default: joe).",
+        "voice), comma-separated; the first is the default (default: joe). coqui: the default "
+        "speaker of a multi-speaker VITS, or for XTTS a speaker wav (or a folder of them) to "
+        "clone voices from.",
     )
     tts_threads: int = Field(
         default_factory=lambda: default_threads(4),
@@ -383,7 +385,14 @@ class Settings(BaseSettings):
     tts_api_key: str | None = Field(
         None, description="API key for the remote TTS server (default: env OPENAI_API_KEY)."
     )
-    tts_model: str | None = Field(None, description="Remote TTS model name (default: tts-1).")
+    tts_model: str | None = Field(
+        None,
+        description="Remote TTS model name (default: tts-1); coqui: a Coqui model folder "
+        "(config.json + model.pth) or its model.pth.",
+    )
+    tts_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Device for the coqui TTS backend (auto = CUDA when present)."
+    )
     tts_remote_voice: str | None = Field(
         None, description="Voice name sent to the remote TTS server (default: alloy)."
     )

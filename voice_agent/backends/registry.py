@@ -141,3 +141,14 @@ register(
         "pip install aiohttp",
     )
 )
+register(
+    BackendSpec(
+        "tts",
+        "coqui",
+        "Coqui TTS models (coqui-tts): XTTS-v2 streams chunk by chunk, VITS per piece; "
+        "CUDA when present",
+        "voice_agent.backends.tts_coqui:create",
+        ("TTS", "torch"),
+        "pip install 'voice-agent[coqui]' (make install-coqui)",
+    )
+)
