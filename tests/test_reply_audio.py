@@ -100,3 +100,47 @@ async def test_streamed_chunks_are_played_in_order_and_every_stream_is_closed() 
     levels = [int(f.max()) for f in frames]
     assert levels == [1100] * 3 + [1200] * 3 + [1300] * 3 + [1400] * 3
     assert tts.closed_streams == 1
+
+
+class BreaksOff(ChunkedTones):
+    """Streams the first two words of a piece, then its connection dies."""
+
+    async def stream(
+        self, text: str, voice: str | None = None, urgent: bool = False
+    ) -> AsyncIterator[np.ndarray]:
+        words = text.split()
+        if "apology" in text.lower() or "sorry" in text.lower():
+            raise RuntimeError("the TTS server is unreachable")
+        for word in words[:2]:
+            yield np.full(960 * 3, 1000 + 100 * len(word), dtype=np.int16)
+        raise RuntimeError("the stream broke off")
+
+
+async def test_a_piece_whose_stream_broke_off_is_not_reported_as_heard() -> None:
+    text = "one two three four five six seven eight nine ten eleven twelve."
+    track = PacedAudioTrack(buffer_ms=2000)
+    events: list[SessionEvent] = []
+    response = Response(
+        "resp_1",
+        "item_1",
+        [ChatMessage("user", "hi")],
+        ScriptedLlm(text),
+        BreaksOff(),
+        track,
+        None,
+        events.append,
+        ReplySettings(100, 0.0),
+    )
+    track.on_audio_frame = response.frame_sent
+    response.start()
+    response.commit()
+    while not (events and isinstance(events[-1], ResponseFinished)):
+        await track.next_frame()
+    await response.wait_closed()
+    track.stop()
+    finished = events[-1]
+    assert finished.status == "failed"
+    # Six frames of a clause that would have lasted ~200: a word at most,
+    # not the clause; the apology, which could not be synthesised, not at all.
+    heard = finished.transcript.split()
+    assert len(heard) <= 1 and "Sorry" not in finished.transcript, finished.transcript

@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 
 OUTPUT_RATE = 48_000
 OUTPUT_FRAME_SAMPLES = 960
+# Frames a piece whose audio never came in full would have lasted: speech
+# runs at about 15 characters a second, 3.3 frames a character.
+FRAMES_PER_CHAR = 3.3
 # A reply's leading near-silence: below -40 dBFS (peak) is not heard yet;
 # 10 ms of it is kept so the onset is not clipped.
 LEAD_THRESHOLD = 328
@@ -88,13 +91,15 @@ class PieceTag:
 @dataclass
 class _Piece:
     """One clause of the reply. Its frames are counted as its chunks are
-    written, so a piece cut off mid-stream counts what had arrived."""
+    written; ``complete`` once the last of them was (a piece whose stream
+    broke off, or is still coming, is not)."""
 
     index: int
     text: str
     frames_expected: int = 0
     frames_played: int = 0
     delivered: bool = False  # its words were told to the client
+    complete: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class _Chunk:
 
     piece: _Piece
     audio: np.ndarray
+    last: bool = False  # no audio: the piece's chunks have all come before it
 
 
 @dataclass
@@ -272,11 +278,18 @@ class Response:
                     break
                 words.extend(piece.text.split())
                 continue
-            if piece.frames_played >= piece.frames_expected:
+            if not piece.delivered:  # no audio of it ever reached the track
+                break
+            if piece.complete and piece.frames_played >= piece.frames_expected:
                 words.extend(piece.text.split())
                 continue
-            if piece.frames_played > 0 and piece.frames_expected > 0:
-                share = piece.frames_played / piece.frames_expected
+            # Cut off; if its stream broke off (or was still coming), its
+            # length is estimated from its text.
+            expected = piece.frames_expected
+            if not piece.complete:
+                expected = max(expected, int(len(piece.text) * FRAMES_PER_CHAR))
+            if piece.frames_played > 0 and expected > 0:
+                share = min(1.0, piece.frames_played / expected)
                 piece_words = piece.text.split()
                 words.extend(piece_words[: int(len(piece_words) * share)])
             break
@@ -334,6 +347,7 @@ class Response:
         if tail.size:
             piece = self._new_piece(self._next_index, "")
             await self._queue.put(_Chunk(piece, tail))
+            await self._queue.put(_Chunk(piece, _NO_AUDIO, last=True))
             self._next_index += 1
 
     async def _speak(self, texts: list[str]) -> None:
@@ -453,12 +467,11 @@ class Response:
     async def _synthesize(self, index: int, text: str) -> None:
         piece = self._new_piece(index, text)
         if not self.audio:
-            await self._queue.put(_Chunk(piece, _NO_AUDIO))
+            await self._queue.put(_Chunk(piece, _NO_AUDIO, last=True))
             return
         first = index == 0
         if first:
             self.metrics.first_piece = self.metrics.tts_start = now()
-        queued = False
         trimming = first and self.reply.trim_lead
         chunks = self.tts.stream(text, self.voice, urgent=first)
         try:
@@ -472,12 +485,11 @@ class Response:
                         continue
                     made, trimming = made[onset:], False
                 audio = self._resampler.process(made)
-                if not audio.size and queued:
+                if not audio.size:
                     continue
-                if first and self.metrics.tts_first_audio is None and audio.size:
+                if first and self.metrics.tts_first_audio is None:
                     self.metrics.tts_first_audio = now()
                 await self._queue.put(_Chunk(piece, audio))
-                queued = True
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -485,8 +497,8 @@ class Response:
         finally:
             # Stops the backend before its next chunk (a barge-in, a failure).
             await chunks.aclose()  # type: ignore[attr-defined]
-        if not queued:  # no audio for it: its words are still the reply's
-            await self._queue.put(_Chunk(piece, _NO_AUDIO))
+        # Also a piece without audio: its words are still the reply's.
+        await self._queue.put(_Chunk(piece, _NO_AUDIO, last=True))
 
     async def _play(self) -> None:
         await self._committed.wait()
@@ -520,6 +532,8 @@ class Response:
                     spoken_any = True
                     self.emit(AssistantTextDelta(self.response_id, self.item_id, delta))
                 piece.delivered = True
+            if chunk.last:
+                piece.complete = True
             if not self.audio or not chunk.audio.size:
                 continue
             # The track tags each 20 ms frame with the write that completes it,
