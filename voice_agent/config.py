@@ -246,12 +246,6 @@ class Settings(BaseSettings):
         description="Send the conversation to the LLM ahead of each turn so its prompt cache is "
         "warm (default: on for the embedded server, off for remote endpoints, which may bill it).",
     )
-    llm_prefill_partials: bool = Field(
-        True,
-        description="With partial transcripts on (--stt-partial-interval-ms) and prefill: "
-        "the LLM also processes the user's settled words while they speak, so the turn's "
-        "prompt differs from what it has cached only in its last words.",
-    )
     llm_timeout_s: float = Field(
         30.0, gt=0, description="Timeout for one whole LLM request (all of its stream)."
     )
