@@ -250,3 +250,22 @@ async def test_a_parallel_worker_runs_batches_side_by_side_finals_still_first() 
         assert worker.stats.snapshot()["batches"] == 3
     finally:
         worker.close()
+
+
+async def test_close_fails_a_batch_formed_but_not_yet_started() -> None:
+    """close() between the loop taking a batch off the queue and that
+    batch's task first running: its callers must not wait forever."""
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
+    submitted = asyncio.create_task(worker.submit(1))
+    # Each sleep(0) lets the tasks queued before this one run one step: the
+    # submit (which starts the loop), then the loop (which forms the batch
+    # and queues its task behind this one).
+    for _ in range(2):
+        await asyncio.sleep(0)
+    assert worker._batches, "the batch was not formed yet"
+    worker.close()
+    async with asyncio.timeout(5):
+        with pytest.raises(WorkerClosed):
+            await submitted
+    assert model.batches == []

@@ -211,6 +211,10 @@ class BatchingWorker(Generic[Req, Res]):
             if not batch:
                 self._free_threads.release()
                 continue
+            # In flight from now, not from the task's first step: a close()
+            # before that step cancels the task unstarted, and must still
+            # find these requests to fail them.
+            self._batch_started(batch)
             # Not awaited: the next batch forms while this one runs, when a
             # thread is free for it (with one thread, right after this one).
             task = asyncio.create_task(self._run(batch), name=f"{self.name}-batch")
@@ -252,13 +256,15 @@ class BatchingWorker(Generic[Req, Res]):
                 batch.append(request)
         return batch
 
-    async def _run(self, batch: list[_Request[Req, Res]]) -> None:
+    def _batch_started(self, batch: list[_Request[Req, Res]]) -> None:
         started = time.monotonic()
         for request in batch:
             self.stats.queue_wait.add(started - request.enqueued)
-        priority = batch[0].priority
-        self._running[priority] += 1
+        self._running[batch[0].priority] += 1
         self._in_flight += batch
+
+    async def _run(self, batch: list[_Request[Req, Res]]) -> None:
+        started = time.monotonic()
         try:
             results = await self._thread.run(self._call_model, [r.item for r in batch])
             if len(results) != len(batch):
