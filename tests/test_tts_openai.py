@@ -23,8 +23,6 @@ from tests.speech_server import API_KEY, OPENAI_PCM_RATE, SpeechServer, speech_s
 from tests.stt_fixtures import engine_with_models
 from tests.test_faults import (
     API,
-    OTHER_REPLY,
-    apology_heard,
     ask,
     assert_on_time,
     call_of,
@@ -32,6 +30,7 @@ from tests.test_faults import (
     failure_code,
     report,
     transcript,
+    tts_failing_on_zanzibar,
 )
 from tests.test_stt_openai import unused_port
 from voice_agent.backends import registry
@@ -255,60 +254,17 @@ async def test_a_remote_tts_failing_on_a_piece_is_apologised_for(
     server, url = remote
     server.poison, server.fault = "Zanzibar", fault  # type: ignore[assignment]
     tts = remote_tts(url, tts_timeout_s=CALL_TTS_TIMEOUT_S)
-    llm = make_llm(API, peer.base_url)
     settings = settings_with(llm_prefill=False, tts_timeout_s=CALL_TTS_TIMEOUT_S)
-    served = engine_with_models(engine, settings, llm=llm, tts=tts)
-    apology = settings.llm_apology
-    peer.add(
-        Script(
-            text_events(
-                API,
-                "Paris is the capital of France, ",
-                "and Zanzibar is an island far away from it. ",
-                "Both are lovely places.",
-            )
-        ),
-        Script(text_events(API, OTHER_REPLY)),
-        Script(text_events(API, "Yes, it is sunny today.")),
-    )
-    try:
-        async with run_server(settings, served) as srv:
-            a, b = await caller(srv, http), await caller(srv, http)
-            asked_at = time.monotonic()
-            a_reply = asyncio.create_task(ask(a, "Tell me about Paris."))
-            await asyncio.wait_for(peer.arrived.wait(), 10)  # A's request takes the first script
-            b_reply = asyncio.create_task(ask(b, "Hello?"))
-            failed = await asyncio.wait_for(a_reply, 30)
-            ended_at = time.monotonic()
-
-            assert failure_code(failed) == "tts_error"
-            (error,) = a.of_type("error")
-            assert error["error"]["code"] == "tts_error"
-            message = error["error"]["message"]
-            expected = {
-                "error": "answered 500",
-                "hang": f"gave no audio within {CALL_TTS_TIMEOUT_S:g} s",
-                "break": "broke off the audio after 50 ms",
-            }[fault]
-            assert "speech synthesis failed" in message and expected in message, message
-            heard = transcript(failed)
-            assert heard.startswith("Paris is the capital of France,"), heard
-            assert heard.endswith(apology), heard
-            if fault != "break":  # a broken piece's first 50 ms were played, its words told
-                assert "Zanzibar" not in heard
-            assert apology_heard(a, apology)
-            assert server.poisoned == 1
-            other = await asyncio.wait_for(b_reply, 30)
-            assert other["status"] == "completed" and transcript(other) == OTHER_REPLY
-            again = await asyncio.wait_for(ask(a, "Is it sunny there?"), 30)
-            assert again["status"] == "completed", again
-            assert_on_time(call_of(srv, a), call_of(srv, b))
-            report(f"remote tts {fault}", asked_to_failed_done=ended_at - asked_at)
-            for client in (a, b):
-                await client.hangup(http)
-            await asyncio.wait_for(srv.calls.wait_for_count(0), 5)
-    finally:
-        await close_quietly(llm)
+    got = await tts_failing_on_zanzibar(engine, peer, http, settings, tts, f"remote tts {fault}")
+    expected = {
+        "error": "answered 500",
+        "hang": f"gave no audio within {CALL_TTS_TIMEOUT_S:g} s",
+        "break": "broke off the audio after 50 ms",
+    }[fault]
+    assert expected in got.message, got.message
+    if fault != "break":  # a broken piece's first 50 ms were played, its words told
+        assert "Zanzibar" not in got.heard
+    assert server.poisoned == 1
 
 
 async def test_an_unreachable_tts_server_is_an_error_event_not_silence(
