@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.local_http import serve_on_loopback
 from voice_agent.backends.llm_http import HttpLlmConfig
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
@@ -122,16 +123,9 @@ async def scripted_llm_server() -> AsyncIterator[ScriptedLlmServer]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", server._handle)
     app.router.add_post("/v1/responses", server._handle)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    server.url = f"http://127.0.0.1:{port}"
-    try:
+    async with serve_on_loopback(app) as url:
+        server.url = url
         yield server
-    finally:
-        await runner.cleanup()
 
 
 # -- Chat Completions chunks ---------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 from aiohttp import web
 
+from tests.local_http import serve_on_loopback
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import TtsBackend
 
@@ -139,18 +140,13 @@ async def speech_server(
 ) -> AsyncIterator[tuple[SpeechServer, str]]:
     """The server on a local port, and its base URL (``.../v1``)."""
     server = SpeechServer(tts, api_key)
-    runner = web.AppRunner(server.app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield server, f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.stall.set()
-        server.rest.set()
-        server._released.set()
-        await runner.cleanup()
+    async with serve_on_loopback(server.app) as url:
+        try:
+            yield server, f"{url}/v1"
+        finally:
+            server.stall.set()
+            server.rest.set()
+            server._released.set()
 
 
 def main() -> None:

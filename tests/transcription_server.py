@@ -17,6 +17,7 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
+from tests.local_http import serve_on_loopback
 from voice_agent.backends.base import SttBackend
 
 API_KEY = "test-key"
@@ -90,14 +91,9 @@ class TranscriptionServer:
 async def transcription_server(stt: SttBackend) -> AsyncIterator[tuple[TranscriptionServer, str]]:
     """The server on a local port, and its URL."""
     server = TranscriptionServer(stt)
-    runner = web.AppRunner(server.app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield server, f"http://127.0.0.1:{port}"
-    finally:
-        server.stall.set()
-        server._released.set()
-        await runner.cleanup()
+    async with serve_on_loopback(server.app) as url:
+        try:
+            yield server, url
+        finally:
+            server.stall.set()
+            server._released.set()
