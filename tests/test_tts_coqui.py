@@ -89,16 +89,7 @@ def coqui_settings(model: Path, **overrides: Any) -> Settings:
 
 async def load_observed(settings: Settings) -> ObservedCoqui:
     """Loaded as ``--tts coqui`` loads it (the registry's factory's arguments)."""
-    assert settings.tts_model is not None
-    tts = await asyncio.to_thread(
-        ObservedCoqui,
-        settings.tts_model,
-        settings.tts_device,
-        settings.tts_threads,
-        settings.tts_voice,
-        settings.tts_speed,
-        settings.stt_language,
-    )
+    tts = await asyncio.to_thread(ObservedCoqui.from_settings, settings)
     tts.made, tts.closed = [], []
     tts.closed_one, tts.loop = asyncio.Event(), asyncio.get_running_loop()
     return tts

@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -198,6 +198,20 @@ class CoquiTts:
                 "voices": self._voices[:8],
                 "seconds": round(time.perf_counter() - started, 2),
             },
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Self:
+        """Loaded as ``--tts coqui`` asks (blocking: seconds to minutes)."""
+        if not settings.tts_model:
+            raise BackendUnavailable("--tts coqui needs --tts-model. " + HOW_TO_PROVIDE)
+        return cls(
+            settings.tts_model,
+            settings.tts_device,
+            settings.tts_threads,
+            settings.tts_voice,
+            settings.tts_speed,
+            settings.stt_language,
         )
 
     def _load(self, config: Any, checkpoint: Path, folder: Path) -> Any:
@@ -397,13 +411,4 @@ class CoquiTts:
 
 
 def create(settings: Settings) -> CoquiTts:
-    if not settings.tts_model:
-        raise BackendUnavailable("--tts coqui needs --tts-model. " + HOW_TO_PROVIDE)
-    return CoquiTts(
-        settings.tts_model,
-        settings.tts_device,
-        settings.tts_threads,
-        settings.tts_voice,
-        settings.tts_speed,
-        settings.stt_language,
-    )
+    return CoquiTts.from_settings(settings)
