@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import socket
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -117,17 +118,23 @@ class ScriptedLlmServer:
 
 
 @asynccontextmanager
-async def scripted_llm_server() -> AsyncIterator[ScriptedLlmServer]:
+async def scripted_llm_server(
+    sock: socket.socket | None = None,
+) -> AsyncIterator[ScriptedLlmServer]:
+    """On a free loopback port, or on ``sock`` (one listening elsewhere,
+    e.g. in a test's network namespace)."""
     server = ScriptedLlmServer()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", server._handle)
     app.router.add_post("/v1/responses", server._handle)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site: web.BaseSite = (
+        web.TCPSite(runner, "127.0.0.1", 0) if sock is None else web.SockSite(runner, sock)
+    )
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    server.url = f"http://127.0.0.1:{port}"
+    host, port = site._server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
+    server.url = f"http://{host}:{port}"
     try:
         yield server
     finally:

@@ -271,6 +271,15 @@ async def delete_call(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
+async def get_call(request: web.Request) -> web.StreamResponse:
+    """Whether a call is still live: how a SIP gateway learns that the
+    service hung up, and sends the phone a BYE."""
+    call = request.app[CALLS].get(request.match_info["call_id"])
+    if call is None:
+        return error_response(404, "call_not_found", "no such call")
+    return web.json_response({"id": call.id, "status": "active"})
+
+
 async def healthz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": "ok"})
 
@@ -505,6 +514,7 @@ def build_app(
     app[CALLS].listeners.append(app[AUTH].on_call_change)
     app.router.add_post(CALLS_PATH, create_call)
     app.router.add_delete(CALLS_PATH + "/{call_id}", delete_call)
+    app.router.add_get(CALLS_PATH + "/{call_id}", get_call)
     add_websocket_route(app, trust_front=behind_front)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)
