@@ -85,12 +85,12 @@ class NetworkNamespace:
         return self._thread.submit(function, *args).result()
 
     # -- sockets ---------------------------------------------------------------
-    def socket(self, kind: int = socket.SOCK_STREAM) -> socket.socket:
+    def new_socket(self, kind: int = socket.SOCK_STREAM) -> socket.socket:
         """A new IPv4 socket inside the namespace."""
         return self._thread.submit(socket.socket, socket.AF_INET, kind).result()
 
     def listener(self, host: str, port: int = 0) -> socket.socket:
-        sock = self.socket()
+        sock = self.new_socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(64)
@@ -108,7 +108,7 @@ class NetworkNamespace:
     async def open_connection(
         self, host: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        sock = self.socket()
+        sock = self.new_socket()
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, (host, port))
         return await asyncio.open_connection(sock=sock)

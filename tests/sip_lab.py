@@ -43,7 +43,7 @@ PHONE_RATE = 8000
 TOOLS = {
     "kamailio": "kamailio",
     "rtpengine": "rtpengine-daemon",
-    "baresip": "baresip",
+    "baresip": "baresip-core",
     "sipp": "sip-tester",
 }
 KAMAILIO_PYTHON = Path("/usr/lib/x86_64-linux-gnu/kamailio/modules/app_python3.so")
@@ -88,8 +88,8 @@ class LogWatch:
         found = (re.search(pattern, line) for line in self.lines)
         return [match for match in found if match is not None]
 
-    async def wait_for(self, pattern: str, timeout: float, count: int = 1) -> list[re.Match[str]]:
-        async with asyncio.timeout(timeout):
+    async def wait_for(self, pattern: str, within_s: float, count: int = 1) -> list[re.Match[str]]:
+        async with asyncio.timeout(within_s):
             while len(found := self.matching(pattern)) < count:
                 await self._changed.wait()
         return found
@@ -104,12 +104,12 @@ class Process:
     log: LogWatch
     reader: asyncio.Task[None]
 
-    async def stop(self, timeout: float = 10.0) -> None:
+    async def stop(self, within_s: float = 10.0) -> None:
         if self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGTERM)
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(within_s):
                     await self.process.wait()
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
@@ -181,10 +181,11 @@ class SipLab:
         calls: list[Any] = reply.get("calls", [])
         return calls
 
-    async def wait_until_idle(self, timeout: float = 10.0) -> None:
-        """Until no call is left: none in the service, none in rtpengine."""
-        async with asyncio.timeout(timeout):
-            while (await self.stats())["calls"] or self.media_calls():
+    async def wait_until_idle(self, within_s: float = 10.0) -> None:
+        """Until no call is left: none in the service, none in rtpengine.
+        (Both are other processes' state, with nothing to wait on but asking.)"""
+        async with asyncio.timeout(within_s):
+            while (await self.stats())["calls"] or self.media_calls():  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
 
     async def sipp(self, scenario: str, *args: str, port: int = SIP_PORT) -> tuple[int, str]:
@@ -287,9 +288,9 @@ class Phone:
         self._writer.write(b"%d:%s," % (len(body), body))
         await self._writer.drain()
 
-    async def event(self, kind: str, timeout: float) -> dict[str, Any]:
+    async def event(self, kind: str, within_s: float) -> dict[str, Any]:
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within_s):
                 while True:
                     for event in self.events:
                         if event.get("event") and event.get("type") == kind:
@@ -300,7 +301,7 @@ class Phone:
             gateway = self.lab.gateway.process.log.tail(20)
             service = self.lab.service.log.tail(20)
             raise AssertionError(
-                f"baresip: no {kind} within {timeout:g} s; its messages: {self.events}\n"
+                f"baresip: no {kind} within {within_s:g} s; its messages: {self.events}\n"
                 f"its log:\n{self.process.log.tail(20)}\ngateway log:\n{gateway}\n"
                 f"service log:\n{service}"
             ) from None
@@ -408,6 +409,7 @@ async def sip_lab(workdir: Path, *service_args: str) -> AsyncIterator[SipLab]:
     namespace = NetworkNamespace(f"va-sip-{os.getpid()}", [GATEWAY, PHONE, SERVICE])
     namespace.create()
     processes: list[Process] = []
+    leftover: list[int] = []
     try:
         async with (
             scripted_llm_server(namespace.listener(SERVICE)) as llm,
@@ -423,8 +425,11 @@ async def sip_lab(workdir: Path, *service_args: str) -> AsyncIterator[SipLab]:
     finally:
         for process in reversed(processes):
             await process.stop()
-        # Whatever a failure left behind in the namespace goes with it.
-        for pid in namespace.pids():
+        # Whatever was left behind in the namespace goes with it.
+        leftover = namespace.pids()
+        for pid in leftover:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         namespace.delete()
+    # Stopping the gateway and the service stops everything they started.
+    assert not leftover, f"processes left running in the namespace: {leftover}"

@@ -101,7 +101,7 @@ async def test_an_offer_with_no_audio_codec_but_telephone_event_is_refused(
     server = await server_factory()
     client = RealtimeClient(server.url, codec="audio/PCMU")
     client.codec = "audio/telephone-event"  # offer nothing else
-    with pytest.raises(RuntimeError, match="400.*no audio codec in common"):
+    with pytest.raises(RuntimeError, match=r"400.*no audio codec in common"):
         await client.connect(http)
     await client.hangup()
     assert len(server.calls) == 0

@@ -21,7 +21,9 @@ def stream(resampler: StreamResampler, samples: np.ndarray, chunk: int) -> np.nd
     return np.concatenate(pieces)
 
 
-@pytest.mark.parametrize(("in_rate", "out_rate"), [(48_000, 16_000), (22_050, 48_000), (8_000, 16_000), (48_000, 8_000)])
+@pytest.mark.parametrize(
+    ("in_rate", "out_rate"), [(48_000, 16_000), (22_050, 48_000), (8_000, 16_000), (48_000, 8_000)]
+)
 def test_sine_is_continuous_across_20ms_frames(in_rate: int, out_rate: int) -> None:
     signal = sine(in_rate, 1.0)
     out = stream(StreamResampler(in_rate, out_rate), signal, chunk=in_rate // 50)

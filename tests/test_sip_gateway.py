@@ -22,6 +22,7 @@ from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import SttBackend
 
 REPLY = "The weather today is sunny and warm, with a light breeze."
+INSTRUCTIONS = "You answer the phone. Caller (unverified): {caller_id}; dialled: {called_number}."
 
 if (reason := missing()) is not None:
     pytest.skip(f"SIP gateway tests skipped: {reason}", allow_module_level=True)
@@ -35,8 +36,14 @@ def at_phone_rate(samples: np.ndarray) -> np.ndarray:
 
 @pytest_asyncio.fixture(scope="module")
 async def lab(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SipLab]:
-    # '#' ends a call from the service's side: the hang-up digit hook.
-    async with sip_lab(tmp_path_factory.mktemp("sip"), "--dtmf-hangup-digits", "#") as lab:
+    async with sip_lab(
+        tmp_path_factory.mktemp("sip"),
+        # '#' ends a call from the service's side: the hang-up digit hook.
+        "--dtmf-hangup-digits",
+        "#",
+        "--llm-instructions",
+        INSTRUCTIONS,
+    ) as lab:
         yield lab
 
 
@@ -78,6 +85,11 @@ async def test_a_caller_is_heard_answered_and_hangs_up(
     (_, body), *_ = lab.llm.requests
     said = body["messages"][-1]["content"]
     assert word_error_rate(reference("0930"), said) <= 0.25, said
+    # Who called and which number, from the gateway, in the instructions.
+    assert body["messages"][0] == {
+        "role": "system",
+        "content": "You answer the phone. Caller (unverified): caller; dialled: 5551234.",
+    }
 
     # The caller hung up (BYE): the service call and the media relay ended.
     await phone.event("CALL_CLOSED", 30)

@@ -220,6 +220,7 @@ class RealtimeClient:
         stream's SRTP sequence numbers stay untouched."""
         transceiver = self.pc.getTransceivers()[0]
         event = next(c for c in transceiver._codecs if dtmf.is_telephone_event(c))
+        assert event.payloadType is not None  # negotiated
         transport = transceiver.sender.transport
         ssrc, start = random.getrandbits(32), random.getrandbits(32)
         steps = max(1, duration_ms // 20)

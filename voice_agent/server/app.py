@@ -50,6 +50,7 @@ from voice_agent.server.auth import (
     add_client_secrets_route,
     with_bound_session,
 )
+from voice_agent.server.caller_metadata import with_caller_metadata
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.debug import add_debug_routes
 from voice_agent.server.errors import error_response
@@ -189,7 +190,10 @@ async def admit_offer(request: web.Request) -> Offer | web.Response:
         return refused
     if (refused := too_many_calls(request, caller)) is not None:
         return refused
-    return Offer(sdp, with_bound_session(caller, session), caller)
+    session = with_caller_metadata(
+        with_bound_session(caller, session), request.headers, request.app[SETTINGS].llm_instructions
+    )
+    return Offer(sdp, session, caller)
 
 
 def settle_offer(request: web.Request, offer: Offer, answer: web.StreamResponse | None) -> None:
