@@ -88,10 +88,16 @@ async def test_key_presses_arrive_as_dtmf_events_and_a_hangup_digit_ends_the_cal
     assert [d["event"] for d in digits] == ["1", "2", "#"]
     assert all(isinstance(d["received_at"], int) for d in digits)
     assert len(server.calls) == 1
+    # How a gateway learns the call still lives (and later, that it does not).
+    async with http.get(f"{server.url}{client.location}") as live:
+        assert live.status == 200
+        assert (await live.json())["status"] == "active"
 
     await client.send_dtmf("0")
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
     assert server.calls.ended.get("dtmf_hangup") == 1
+    async with http.get(f"{server.url}{client.location}") as gone:
+        assert gone.status == 404
     await client.hangup()
 
 
