@@ -225,20 +225,26 @@ class SipLab:
 class Phone:
     """baresip, driven over its ctrl_tcp socket (JSON netstrings)."""
 
-    CONTROL_PORT = 4444
-
-    def __init__(self, lab: SipLab, name: str, microphone: np.ndarray) -> None:
+    def __init__(
+        self,
+        lab: SipLab,
+        name: str,
+        microphone: np.ndarray,
+        sip_port: int = 5070,
+        control_port: int = 4444,
+    ) -> None:
         self.lab = lab
+        self.control_port = control_port
         self.dir = lab.workdir / name
         self.recordings = self.dir / "recordings"
         self.recordings.mkdir(parents=True)
         write_wav(self.dir / "mic.wav", microphone)
-        (self.dir / "accounts").write_text(f"<sip:caller@{PHONE}:5070>;regint=0\n")
+        (self.dir / "accounts").write_text(f"<sip:caller@{PHONE}:{sip_port}>;regint=0\n")
         (self.dir / "config").write_text(
             "\n".join(
                 [
                     "poll_method epoll",
-                    f"sip_listen {PHONE}:5070",
+                    f"sip_listen {PHONE}:{sip_port}",
                     "audio_player aubridge,nil",
                     f"audio_source aufile,{self.dir / 'mic.wav'}",
                     "audio_alert aubridge,nil",
@@ -252,7 +258,7 @@ class Phone:
                     "module_app account.so",
                     "module_app menu.so",
                     "module_app ctrl_tcp.so",
-                    f"ctrl_tcp_listen {PHONE}:{self.CONTROL_PORT}",
+                    f"ctrl_tcp_listen {PHONE}:{control_port}",
                     "",
                 ]
             )
@@ -267,7 +273,7 @@ class Phone:
     async def start(self) -> None:
         self.process = await start(self.lab.namespace, "baresip", "baresip", "-f", str(self.dir))
         await self.process.log.wait_for("baresip is ready", 10)
-        reader, self._writer = await self.lab.namespace.open_connection(PHONE, self.CONTROL_PORT)
+        reader, self._writer = await self.lab.namespace.open_connection(PHONE, self.control_port)
         self._reader_task = asyncio.create_task(self._read(reader), name="baresip-control")
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
