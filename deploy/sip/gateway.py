@@ -140,6 +140,13 @@ class Gateway:
         return 1
 
     def invite(self) -> None:
+        # A retransmission (the phone not yet told 100 Trying) is absorbed
+        # by the transaction it repeats, never a second service call.
+        if KSR.tmx.t_precheck_trans() > 0:
+            KSR.tm.t_check_trans()
+            return
+        if KSR.tm.t_check_trans() == 0:
+            return
         if KSR.tm.t_newtran() < 0:
             KSR.sl.sl_reply_error()
             return

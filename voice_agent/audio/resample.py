@@ -5,11 +5,12 @@ chunks: resampling each 20 ms frame on its own restarts the filter and clicks
 at every frame edge. One resampler per direction per session.
 
 Integer down-sampling (48 kHz -> 16 kHz, the inbound path; 48 kHz -> 8 kHz,
-G.711 out) and integer up-sampling (8 kHz G.711 -> 16 kHz in) use a small
-windowed-sinc FIR with about 1 ms of delay and one output per input chunk:
-soxr's block-based filters hand audio back in bursts up to a frame late,
-which would delay end-of-speech detection. Other ratios (TTS 22.05 kHz ->
-48 kHz) use soxr.
+G.711 out) uses a small windowed-sinc FIR with 0.5 ms of delay and one
+output per input chunk: soxr's block-based filters hand audio back in bursts
+up to a frame late, which would delay end-of-speech detection. For the same
+reason the inbound path up-samples 8 kHz G.711 to 16 kHz with a FIR too
+(``low_latency``). Other ratios and uses (TTS 22.05 kHz -> 48 kHz) use
+soxr, whose filters are sharper.
 """
 
 from __future__ import annotations
@@ -73,14 +74,16 @@ class _FirInterpolator:
 class StreamResampler:
     """Mono int16 stream resampler that keeps filter state across chunks."""
 
-    def __init__(self, in_rate: int, out_rate: int) -> None:
+    def __init__(self, in_rate: int, out_rate: int, low_latency: bool = False) -> None:
+        """``low_latency``: integer up-sampling by the FIR as well (one
+        output per input chunk), not soxr."""
         self.in_rate = in_rate
         self.out_rate = out_rate
         self._fir: _FirDecimator | _FirInterpolator | None = None
         self._soxr: soxr.ResampleStream | None = None
         if in_rate != out_rate and in_rate % out_rate == 0:
             self._fir = _FirDecimator(in_rate // out_rate)
-        elif in_rate != out_rate and out_rate % in_rate == 0:
+        elif low_latency and in_rate != out_rate and out_rate % in_rate == 0:
             self._fir = _FirInterpolator(out_rate // in_rate)
         elif in_rate != out_rate:
             # "HQ" keeps soxr's filter delay to a few milliseconds at these rates.

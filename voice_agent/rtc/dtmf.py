@@ -15,7 +15,6 @@ on the first packet with a new timestamp.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,8 +30,10 @@ PAYLOAD_TYPE = 101
 EVENTS = "0123456789*#ABCD"  # RFC 4733 section 3.2: events 0-15
 
 DigitListener = Callable[[str], None]
-
-_listeners: weakref.WeakKeyDictionary[RTCRtpReceiver, _Digits] = weakref.WeakKeyDictionary()
+# The receiver's own attribute, not a table keyed by receiver: the listener
+# (a call's method) holds the call, which holds the receiver; in a weak-keyed
+# table that would keep every call alive forever.
+LISTENER_ATTRIBUTE = "_voice_agent_digits"
 
 
 def is_telephone_event(codec: RTCRtpCodecParameters) -> bool:
@@ -56,7 +57,7 @@ class _Digits:
 
 def listen(receiver: RTCRtpReceiver, listener: DigitListener) -> None:
     """Report the key presses arriving on ``receiver`` to ``listener``."""
-    _listeners[receiver] = _Digits(listener)
+    setattr(receiver, LISTENER_ATTRIBUTE, _Digits(listener))
 
 
 def install() -> None:
@@ -84,7 +85,7 @@ def install() -> None:
         codecs: dict[int, RTCRtpCodecParameters] = getattr(self, "_RTCRtpReceiver__codecs", {})
         codec = codecs.get(packet.payload_type)
         if codec is not None and is_telephone_event(codec):
-            digits = _listeners.get(self)
+            digits = getattr(self, LISTENER_ATTRIBUTE, None)
             if digits is not None:
                 digits.packet(packet)
             return
