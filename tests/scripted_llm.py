@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import socket
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -118,12 +119,16 @@ class ScriptedLlmServer:
 
 
 @asynccontextmanager
-async def scripted_llm_server() -> AsyncIterator[ScriptedLlmServer]:
+async def scripted_llm_server(
+    sock: socket.socket | None = None,
+) -> AsyncIterator[ScriptedLlmServer]:
+    """On a free loopback port, or on ``sock`` (one listening elsewhere,
+    e.g. in a test's network namespace)."""
     server = ScriptedLlmServer()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", server._handle)
     app.router.add_post("/v1/responses", server._handle)
-    async with serve_on_loopback(app) as url:
+    async with serve_on_loopback(app, sock) as url:
         server.url = url
         yield server
 

@@ -21,10 +21,22 @@ def stream(resampler: StreamResampler, samples: np.ndarray, chunk: int) -> np.nd
     return np.concatenate(pieces)
 
 
-@pytest.mark.parametrize(("in_rate", "out_rate"), [(48_000, 16_000), (22_050, 48_000)])
-def test_sine_is_continuous_across_20ms_frames(in_rate: int, out_rate: int) -> None:
+@pytest.mark.parametrize(
+    ("in_rate", "out_rate", "low_latency"),
+    [
+        (48_000, 16_000, False),
+        (22_050, 48_000, False),
+        (48_000, 8_000, False),  # G.711 out
+        (8_000, 16_000, True),  # G.711 in
+        (8_000, 16_000, False),
+    ],
+)
+def test_sine_is_continuous_across_20ms_frames(
+    in_rate: int, out_rate: int, low_latency: bool
+) -> None:
     signal = sine(in_rate, 1.0)
-    out = stream(StreamResampler(in_rate, out_rate), signal, chunk=in_rate // 50)
+    resampler = StreamResampler(in_rate, out_rate, low_latency)
+    out = stream(resampler, signal, chunk=in_rate // 50)
     assert abs(len(out) - out_rate) <= out_rate // 100  # nothing lost or duplicated
     body = out[out_rate // 20 : -out_rate // 20].astype(np.float64)
     # A clean 440 Hz sine never jumps more than amplitude * 2*pi*f/rate per sample;
@@ -34,6 +46,13 @@ def test_sine_is_continuous_across_20ms_frames(in_rate: int, out_rate: int) -> N
     # And the level is preserved (no dropouts at the edges).
     rms = np.sqrt(np.mean(body**2))
     assert rms == pytest.approx(16000 / np.sqrt(2), rel=0.02)
+
+
+def test_low_latency_up_sampling_gives_one_output_per_input_frame() -> None:
+    """The inbound path's FIR: every 20 ms in gives 20 ms out, at once."""
+    resampler = StreamResampler(8_000, 16_000, low_latency=True)
+    signal = sine(8_000, 0.2)
+    assert [len(resampler.process(signal[i : i + 160])) for i in range(0, 1600, 160)] == [320] * 10
 
 
 def test_stateless_per_frame_resampling_would_click() -> None:

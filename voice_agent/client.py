@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,13 +28,17 @@ from aiortc import (
     RTCIceServer,
     RTCIceTransportPolicy,
     RTCPeerConnection,
+    RTCRtpSender,
     RTCSessionDescription,
 )
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtp import RtpPacket
 
 from voice_agent.audio.resample import StreamResampler
+from voice_agent.rtc import dtmf
+from voice_agent.rtc.g711 import FrameEncoder, encoder_for
 from voice_agent.rtc.inbound import frame_to_mono_int16
-from voice_agent.rtc.opus import OpusStream, make_packet, silence_payload
+from voice_agent.rtc.opus import make_packet
 
 RATE = 48_000
 FRAME = 960
@@ -44,7 +49,7 @@ class PcmSource(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self) -> None:
+    def __init__(self, codec: str = "audio/opus") -> None:
         super().__init__()
         self._queue: deque[np.ndarray] = deque()
         self._pending = np.zeros(0, dtype=np.int16)
@@ -53,7 +58,7 @@ class PcmSource(MediaStreamTrack):
         self.sent_audio_frames = 0
         self._done_waiters: list[tuple[int, asyncio.Future[float]]] = []
         self._queued_frames = 0
-        self._opus = OpusStream()
+        self.encoder: FrameEncoder = encoder_for(codec)
 
     def play(self, samples: np.ndarray, rate: int) -> asyncio.Future[float]:
         """Queue mono int16 audio; the future resolves with the monotonic time
@@ -83,9 +88,9 @@ class PcmSource(MediaStreamTrack):
             await asyncio.sleep(due - now)
         # Pre-encoded like the server's track, so a load test spends its CPU
         # on the server rather than on encoding silence in the client.
-        payload = silence_payload()
+        payload = self.encoder.silence()
         if self._queue:
-            payload = self._opus.encode(self._queue.popleft())
+            payload = self.encoder.encode(self._queue.popleft())
             self.sent_audio_frames += 1
             sent_at = time.monotonic()
             while self._done_waiters and self._done_waiters[0][0] <= self.sent_audio_frames:
@@ -149,14 +154,23 @@ async def fetch_ice_servers(
 
 
 class RealtimeClient:
+    """``codec``: offer only this codec (e.g. "audio/PCMU", as a telephone
+    gateway does); ``ice_lite``: mark the offer ``a=ice-lite``, as gateways
+    such as rtpengine can."""
+
     def __init__(
         self,
         base_url: str,
         ice_servers: list[Any] | None = None,
         token: str | None = None,
         relay_only: bool = False,
+        codec: str | None = None,
+        ice_lite: bool = False,
     ) -> None:
+        dtmf.install()  # offers carry telephone-event, as a phone's do
         self.base_url = base_url.rstrip("/")
+        self.codec = codec
+        self.ice_lite = ice_lite
         # An API key or a client secret, sent as Authorization: Bearer.
         self.token = token
         # relay_only: offer only TURN relay candidates (as a browser's
@@ -165,7 +179,7 @@ class RealtimeClient:
         self.pc = RTCPeerConnection(
             RTCConfiguration(iceServers=ice_servers or [], iceTransportPolicy=policy)
         )
-        self.mic = PcmSource()
+        self.mic = PcmSource(codec or "audio/opus")
         self.received = ReceivedAudio()
         self.events: list[dict[str, Any]] = []
         self.event_times: list[float] = []
@@ -175,6 +189,7 @@ class RealtimeClient:
         self.channel = self.pc.createDataChannel("oai-events")
         self.channel.on("message", self._on_message)
         self.location: str | None = None
+        self._dtmf_sequence = 0
         self._reader: asyncio.Task[None] | None = None
         self.pc.on("track", self._on_track)
         self.channel_open = asyncio.Event()
@@ -204,10 +219,20 @@ class RealtimeClient:
 
     async def connect(self, session: aiohttp.ClientSession, open_timeout: float = 20.0) -> None:
         self.pc.addTrack(self.mic)
+        if self.codec is not None:
+            wanted = self.codec.lower()
+            capabilities = RTCRtpSender.getCapabilities("audio").codecs
+            # As a phone: the one audio codec, then telephone-event for key presses.
+            chosen = [c for c in capabilities if c.mimeType.lower() == wanted]
+            chosen += [c for c in capabilities if c.mimeType.lower() == dtmf.MIME_TYPE != wanted]
+            self.pc.getTransceivers()[0].setCodecPreferences(chosen)
         await self.pc.setLocalDescription(await self.pc.createOffer())
+        offer = self.pc.localDescription.sdp
+        if self.ice_lite:
+            offer = offer.replace("\r\nt=0 0\r\n", "\r\nt=0 0\r\na=ice-lite\r\n", 1)
         async with session.post(
             f"{self.base_url}/v1/realtime/calls",
-            data=self.pc.localDescription.sdp,
+            data=offer,
             headers={
                 "Content-Type": "application/sdp",
                 **({"Authorization": f"Bearer {self.token}"} if self.token else {}),
@@ -220,6 +245,37 @@ class RealtimeClient:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body, type="answer"))
         async with asyncio.timeout(open_timeout):
             await self.channel_open.wait()
+
+    async def send_dtmf(self, digit: str, duration_ms: int = 100) -> None:
+        """Press a key: RFC 4733 telephone-event packets, every 20 ms while
+        held, the end three times. They go on their own SSRC, so the audio
+        stream's SRTP sequence numbers stay untouched."""
+        transceiver = self.pc.getTransceivers()[0]
+        event = next(c for c in transceiver._codecs if dtmf.is_telephone_event(c))
+        assert event.payloadType is not None  # negotiated
+        transport = transceiver.sender.transport
+        ssrc, start = random.getrandbits(32), random.getrandbits(32)
+        steps = max(1, duration_ms // 20)
+        for step in range(steps + 3):
+            end = step >= steps
+            duration = min(step + 1, steps) * 160
+            payload = bytes([dtmf.EVENTS.index(digit), 0x80 if end else 0]) + duration.to_bytes(
+                2, "big"
+            )
+            packet = RtpPacket(
+                payload_type=event.payloadType,
+                marker=int(step == 0),
+                sequence_number=(self._dtmf_sequence + step) & 0xFFFF,
+                timestamp=start,
+                ssrc=ssrc,
+                payload=payload,
+            )
+            try:
+                await transport._send_rtp(packet.serialize())
+            except ConnectionError:
+                return  # hung up mid-press (the key may be one that ends the call)
+            await asyncio.sleep(0.02)
+        self._dtmf_sequence += steps + 3
 
     def wait_for(
         self, predicate: Callable[[dict[str, Any]], bool], after: int = 0

@@ -413,6 +413,12 @@ class Settings(BaseSettings):
         description="Between replies send one silence packet every 400 ms (discontinuous "
         "transmission, as Opus DTX) instead of one every 20 ms: an idle call costs less.",
     )
+    dtmf_hangup_digits: str = Field(
+        "",
+        pattern=r"^[0-9*#A-D]*$",
+        description="DTMF keys that end the call (e.g. 0 for 'press 0 for a human': a SIP "
+        "gateway turns the end into a BYE or a transfer). Empty: none.",
+    )
 
     inference_nice: int = Field(
         0,

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from aiortc import (
     RTCConfiguration,
     RTCDataChannel,
     RTCPeerConnection,
+    RTCRtpCodecParameters,
     RTCSessionDescription,
 )
 
@@ -29,6 +31,7 @@ from voice_agent import observability
 from voice_agent.config import Settings
 from voice_agent.memory import TRIMMER
 from voice_agent.realtime.protocol import RealtimeProtocol
+from voice_agent.rtc import dtmf
 from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
 from voice_agent.rtc.outbound import PacedAudioTrack
@@ -75,6 +78,7 @@ class Call:
         on_closed: Callable[[Call], None],
     ) -> None:
         contain_bad_messages()
+        dtmf.install()
         self.id = call_id
         self.settings = settings
         self._on_closed = on_closed
@@ -99,6 +103,7 @@ class Call:
         self.pc.on("track", self._on_track)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_connection_state)
+        self.codec = "audio/opus"  # until the answer says otherwise
 
     # -- negotiation ------------------------------------------------------
     async def answer(self, offer_sdp: str) -> str:
@@ -107,6 +112,16 @@ class Call:
         self.pc.addTrack(self.output)
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
+        # aiortc keeps the offer's codec order (RFC 3264): a browser gets
+        # Opus, a telephone gateway offering G.711 first gets G.711, and no
+        # one transcodes. The outbound track encodes in whichever it is.
+        transceiver = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
+        codecs: list[RTCRtpCodecParameters] = transceiver._codecs
+        if not codecs or dtmf.is_telephone_event(codecs[0]):
+            raise ValueError("the offer has no audio codec in common (Opus, PCMU or PCMA)")
+        self.codec = codecs[0].mimeType
+        self.output.use_codec(self.codec)
+        dtmf.listen(transceiver.receiver, self._on_digit)
         loop = asyncio.get_running_loop()
         self._connect_timer = loop.call_later(
             self.settings.connect_timeout_s, self._timeout, "connect_timeout"
@@ -172,6 +187,21 @@ class Call:
         if reason == "peer_lost" and self.pc.connectionState == "connected":
             return  # the connection recovered within the grace period
         self.close_soon(reason)
+
+    def _on_digit(self, digit: str) -> None:
+        log.info("dtmf digit", extra={"call_id": self.id, "digit": digit})
+        # Named as the Realtime API's SIP calls name it.
+        self.protocol.send(
+            {
+                "type": "input_audio_buffer.dtmf_event_received",
+                "event": digit,
+                "received_at": int(time.time()),
+            }
+        )
+        if digit in self.settings.dtmf_hangup_digits:
+            # The server-side hook ("press 0 for a human"): the call ends
+            # here, and a SIP gateway turns the end into a BYE (or a transfer).
+            self.close_soon("dtmf_hangup")
 
     # -- events to the client -------------------------------------------------
     def _on_session_event(self, event: Any) -> None:

@@ -1,7 +1,8 @@
 """Read the caller's audio track and feed the session 16 kHz mono PCM.
 
-aiortc decodes Opus to 48 kHz interleaved stereo s16 frames. Each frame is
-down-mixed and run through this session's stateful resampler.
+aiortc decodes Opus to 48 kHz interleaved stereo s16 frames, G.711 to 8 kHz
+mono. Each frame is down-mixed and run through this session's stateful
+resampler.
 """
 
 from __future__ import annotations
@@ -67,5 +68,5 @@ async def pump_inbound_audio(
         assert isinstance(frame, av.AudioFrame)
         mono = frame_to_mono_int16(frame)
         if resampler is None or resampler.in_rate != frame.sample_rate:
-            resampler = StreamResampler(frame.sample_rate, STT_RATE)
+            resampler = StreamResampler(frame.sample_rate, STT_RATE, low_latency=True)
         sink(resampler.process(mono))

@@ -33,7 +33,8 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-from voice_agent.rtc.opus import OpusStream, make_packet, silence_payload
+from voice_agent.rtc.g711 import FrameEncoder, OpusFrames, encoder_for
+from voice_agent.rtc.opus import make_packet
 
 SAMPLE_RATE = 48_000
 FRAME_MS = 20
@@ -107,12 +108,21 @@ class PacedAudioTrack(MediaStreamTrack):
         self._space.set()
         self._start: float | None = None
         self._index = 0
-        self._opus = OpusStream()
+        self._encoder: FrameEncoder = OpusFrames()
         self.stats = PacingStats()
         self.on_audio_frame: FrameListener | None = None
         self._drained = asyncio.Event()
         self._drained.set()
         self._wake: asyncio.Future[bool] | None = None
+
+    def use_codec(self, mime_type: str) -> None:
+        """Send in the negotiated codec (Opus unless the peer chose G.711).
+
+        G.711 has no DTX unless comfort noise is negotiated, and phones
+        take gaps in its stream for loss: its silence is sent in full."""
+        self._encoder = encoder_for(mime_type)
+        if not mime_type.lower().endswith("/opus"):
+            self._dtx = False
 
     # -- producer side ---------------------------------------------------
     @property
@@ -170,9 +180,9 @@ class PacedAudioTrack(MediaStreamTrack):
 
     # -- consumer side (aiortc's RTP sender) ---------------------------------
     async def recv(self) -> av.Packet[Any]:
-        """The next 20 ms as an Opus packet, on schedule."""
+        """The next 20 ms as an encoded packet (Opus or G.711), on schedule."""
         samples, pts = await self.next_frame()
-        payload = silence_payload() if samples is None else self._opus.encode(samples)
+        payload = self._encoder.silence() if samples is None else self._encoder.encode(samples)
         return make_packet(payload, pts)
 
     async def next_frame(self) -> tuple[np.ndarray | None, int]:

@@ -50,6 +50,7 @@ from voice_agent.server.auth import (
     add_client_secrets_route,
     with_bound_session,
 )
+from voice_agent.server.caller_metadata import with_caller_metadata
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.debug import add_debug_routes
 from voice_agent.server.drain import DRAINING
@@ -192,7 +193,10 @@ async def admit_offer(request: web.Request) -> Offer | web.Response:
         return refused
     if (refused := too_many_calls(request, caller)) is not None:
         return refused
-    return Offer(sdp, with_bound_session(caller, session), caller)
+    session = with_caller_metadata(
+        with_bound_session(caller, session), request.headers, request.app[SETTINGS].llm_instructions
+    )
+    return Offer(sdp, session, caller)
 
 
 def settle_offer(request: web.Request, offer: Offer, answer: web.StreamResponse | None) -> None:
@@ -272,6 +276,15 @@ async def delete_call(request: web.Request) -> web.StreamResponse:
         return error_response(404, "call_not_found", "no such call")
     await call.close("hangup")
     return web.Response(status=204)
+
+
+async def get_call(request: web.Request) -> web.StreamResponse:
+    """Whether a call is still live: how a SIP gateway learns that the
+    service hung up, and sends the phone a BYE."""
+    call = request.app[CALLS].get(request.match_info["call_id"])
+    if call is None:
+        return error_response(404, "call_not_found", "no such call")
+    return web.json_response({"id": call.id, "status": "active"})
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:
@@ -526,6 +539,7 @@ def build_app(
     app.router.add_post(CALLS_PATH, create_call)
     for prefix in {"", path_prefix(settings.public_url)}:
         app.router.add_delete(prefix + CALLS_PATH + "/{call_id}", delete_call)
+    app.router.add_get(CALLS_PATH + "/{call_id}", get_call)
     add_websocket_route(app, trust_front=behind_front)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)

@@ -230,6 +230,15 @@ async def delete_call(request: web.Request) -> web.StreamResponse:
         return error_response(404, "call_not_found", "no such call (its worker is gone)")
 
 
+async def get_call(request: web.Request) -> web.StreamResponse:
+    """Whether a call is still live (the pool hears of every start and end)."""
+    call_id = request.match_info["call_id"]
+    worker = request.app[POOL].owner(call_id)
+    if worker is None or call_id not in worker.live:
+        return error_response(404, "call_not_found", "no such call")
+    return web.json_response({"id": call_id, "status": "active"})
+
+
 def _capacity(pool: WorkerPool) -> dict[str, Any]:
     return {
         "calls": pool.calls,
@@ -349,6 +358,7 @@ def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web
     app.router.add_post(CALLS_PATH, create_call)
     for prefix in {"", path_prefix(settings.public_url)}:
         app.router.add_delete(prefix + CALLS_PATH + "/{call_id}", delete_call)
+    app.router.add_get(CALLS_PATH + "/{call_id}", get_call)
     app.router.add_get(REALTIME_PATH, realtime_websocket)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/stats", stats)

@@ -1,0 +1,441 @@
+"""A telephone lab for the SIP gateway tests, all inside one network namespace.
+
+Addresses of its own on its loopback: the gateway (Kamailio + rtpengine,
+``deploy/sip/run-gateway``), a phone (baresip, or SIPp for the malformed
+cases) and the service (``voice-agent serve``, with a scripted LLM served
+from this test process on a socket made inside the namespace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import wave
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from tests.netns import NetworkNamespace, missing_for_namespaces
+from tests.scripted_llm import ScriptedLlmServer, scripted_llm_server
+
+ROOT = Path(__file__).resolve().parents[1]
+GATEWAY_SCRIPT = ROOT / "deploy" / "sip" / "run-gateway"
+SCENARIOS = Path(__file__).parent / "sip"
+GATEWAY, PHONE, SERVICE = "10.77.0.1", "10.77.0.2", "10.77.0.3"
+SIP_PORT = 5060
+SERVICE_PORT = 8080
+API_KEY = "sk-sip-lab-key"
+NUMBER = "5551234"
+PHONE_RATE = 8000
+TOOLS = {
+    "kamailio": "kamailio",
+    "rtpengine": "rtpengine-daemon",
+    "baresip": "baresip-core",
+    "sipp": "sip-tester",
+}
+KAMAILIO_PYTHON = Path("/usr/lib/x86_64-linux-gnu/kamailio/modules/app_python3.so")
+
+
+def missing() -> str | None:
+    """Why the lab cannot run here (named), or None."""
+    if (reason := missing_for_namespaces()) is not None:
+        return reason
+    absent = [package for tool, package in TOOLS.items() if shutil.which(tool) is None]
+    if not KAMAILIO_PYTHON.exists():
+        absent.append("kamailio-python3-modules")
+    if absent:
+        return "needs the Debian packages " + ", ".join(absent)
+    return None
+
+
+def load_ng() -> ModuleType:
+    """The gateway's rtpengine client (deploy/sip/ng.py; not a package)."""
+    spec = importlib.util.spec_from_file_location("sip_ng", GATEWAY_SCRIPT.parent / "ng.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class LogWatch:
+    """Lines of a process's output, kept, with waiting for one that matches."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self._changed = asyncio.Event()
+
+    async def follow(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            self.lines.append(line.decode(errors="replace").rstrip())
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def matching(self, pattern: str) -> list[re.Match[str]]:
+        found = (re.search(pattern, line) for line in self.lines)
+        return [match for match in found if match is not None]
+
+    async def wait_for(self, pattern: str, within_s: float, count: int = 1) -> list[re.Match[str]]:
+        async with asyncio.timeout(within_s):
+            while len(found := self.matching(pattern)) < count:
+                await self._changed.wait()
+        return found
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join([line for line in self.lines if line.strip()][-lines:])
+
+
+@dataclass
+class Process:
+    process: asyncio.subprocess.Process
+    log: LogWatch
+    reader: asyncio.Task[None]
+
+    async def stop(self, within_s: float = 10.0) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(within_s):
+                    await self.process.wait()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.kill()
+                await self.process.wait()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.reader
+
+
+async def start(namespace: NetworkNamespace, name: str, *args: str, **env: str) -> Process:
+    process = await asyncio.create_subprocess_exec(
+        *namespace.command(*args),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+    )
+    log = LogWatch(name)
+    assert process.stdout is not None
+    reader = asyncio.create_task(log.follow(process.stdout), name=f"log-{name}")
+    return Process(process, log, reader)
+
+
+def write_wav(path: Path, samples: np.ndarray, rate: int = PHONE_RATE) -> None:
+    with wave.open(str(path), "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(2)
+        handle.setframerate(rate)
+        handle.writeframes(samples.astype(np.int16).tobytes())
+
+
+def read_wav(path: Path) -> tuple[np.ndarray, int]:
+    with wave.open(str(path)) as handle:
+        samples = np.frombuffer(handle.readframes(handle.getnframes()), dtype=np.int16)
+        return samples.copy(), handle.getframerate()
+
+
+@dataclass
+class Gateway:
+    sip_port: int
+    ng_port: int
+    process: Process
+
+
+@dataclass
+class SipLab:
+    namespace: NetworkNamespace
+    workdir: Path
+    llm: ScriptedLlmServer
+    service: Process
+    gateway: Gateway
+    http: aiohttp.ClientSession
+    ng: ModuleType = field(default_factory=load_ng)
+
+    @property
+    def service_url(self) -> str:
+        return f"http://{SERVICE}:{SERVICE_PORT}"
+
+    async def stats(self) -> dict[str, Any]:
+        async with self.http.get(f"{self.service_url}/v1/stats") as response:
+            body: dict[str, Any] = await response.json()
+            return body
+
+    def media_calls(self, gateway: Gateway | None = None) -> list[Any]:
+        """The calls rtpengine is relaying now."""
+        port = (gateway or self.gateway).ng_port
+        reply = self.namespace.call(
+            self.ng.command, ("127.0.0.1", port), {"command": "list", "limit": 100}
+        )
+        calls: list[Any] = reply.get("calls", [])
+        return calls
+
+    async def wait_until_idle(self, within_s: float = 10.0) -> None:
+        """Until no call is left: none in the service, none in rtpengine.
+        (Both are other processes' state, with nothing to wait on but asking.)"""
+        async with asyncio.timeout(within_s):
+            while (await self.stats())["calls"] or self.media_calls():  # noqa: ASYNC110
+                await asyncio.sleep(0.2)
+
+    async def sipp(self, scenario: str, *args: str, port: int = SIP_PORT) -> tuple[int, str]:
+        """Run a SIPp scenario (tests/sip/) against the gateway: exit code, output."""
+        process = await start(
+            self.namespace,
+            "sipp",
+            "sipp",
+            f"{GATEWAY}:{port}",
+            "-sf",
+            str(SCENARIOS / scenario),
+            "-i",
+            PHONE,
+            "-p",
+            "5080",
+            "-m",
+            "1",
+            "-s",
+            NUMBER,
+            "-timeout",
+            "20s",
+            "-timeout_error",
+            "-nostdin",
+            "-trace_err",
+            "-error_file",
+            str(self.workdir / f"{scenario}.errors"),
+            *args,
+        )
+        async with asyncio.timeout(30):
+            code = await process.process.wait()
+        await process.stop()
+        errors = self.workdir / f"{scenario}.errors"
+        report = process.log.tail() + (errors.read_text() if errors.exists() else "")
+        return code, f"{report}\ngateway log:\n{self.gateway.process.log.tail(15)}"
+
+
+class Phone:
+    """baresip, driven over its ctrl_tcp socket (JSON netstrings)."""
+
+    def __init__(
+        self,
+        lab: SipLab,
+        name: str,
+        microphone: np.ndarray,
+        sip_port: int = 5070,
+        control_port: int = 4444,
+    ) -> None:
+        self.lab = lab
+        self.control_port = control_port
+        self.dir = lab.workdir / name
+        self.recordings = self.dir / "recordings"
+        self.recordings.mkdir(parents=True)
+        write_wav(self.dir / "mic.wav", microphone)
+        (self.dir / "accounts").write_text(f"<sip:caller@{PHONE}:{sip_port}>;regint=0\n")
+        (self.dir / "config").write_text(
+            "\n".join(
+                [
+                    "poll_method epoll",
+                    f"sip_listen {PHONE}:{sip_port}",
+                    "audio_player aubridge,nil",
+                    f"audio_source aufile,{self.dir / 'mic.wav'}",
+                    "audio_alert aubridge,nil",
+                    "module_path /usr/lib/baresip/modules",
+                    "module g711.so",
+                    "module aufile.so",
+                    "module aubridge.so",
+                    # Records what it hears (and says) as WAV files.
+                    "module sndfile.so",
+                    f"snd_path {self.recordings}",
+                    "module_app account.so",
+                    "module_app menu.so",
+                    "module_app ctrl_tcp.so",
+                    f"ctrl_tcp_listen {PHONE}:{control_port}",
+                    "",
+                ]
+            )
+        )
+        self.process: Process | None = None
+        self.events: list[dict[str, Any]] = []
+        self._changed = asyncio.Event()
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._token = 0
+
+    async def start(self) -> None:
+        self.process = await start(self.lab.namespace, "baresip", "baresip", "-f", str(self.dir))
+        await self.process.log.wait_for("baresip is ready", 10)
+        reader, self._writer = await self.lab.namespace.open_connection(PHONE, self.control_port)
+        self._reader_task = asyncio.create_task(self._read(reader), name="baresip-control")
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                length = int((await reader.readuntil(b":"))[:-1])
+                message = json.loads((await reader.readexactly(length + 1))[:-1])  # then ","
+            except (asyncio.IncompleteReadError, ValueError):
+                return
+            self.events.append(message)
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def command(self, name: str, params: str = "") -> None:
+        assert self._writer is not None
+        self._token += 1
+        body = json.dumps({"command": name, "params": params, "token": str(self._token)}).encode()
+        self._writer.write(b"%d:%s," % (len(body), body))
+        await self._writer.drain()
+
+    async def event(self, kind: str, within_s: float) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(within_s):
+                while True:
+                    for event in self.events:
+                        if event.get("event") and event.get("type") == kind:
+                            return event
+                    await self._changed.wait()
+        except TimeoutError:
+            assert self.process is not None
+            gateway = self.lab.gateway.process.log.tail(20)
+            service = self.lab.service.log.tail(20)
+            raise AssertionError(
+                f"baresip: no {kind} within {within_s:g} s; its messages: {self.events}\n"
+                f"its log:\n{self.process.log.tail(20)}\ngateway log:\n{gateway}\n"
+                f"service log:\n{service}"
+            ) from None
+
+    async def dial(self, number: str = NUMBER, port: int = SIP_PORT) -> None:
+        await self.command("dial", f"sip:{number}@{GATEWAY}:{port}")
+
+    async def press(self, digits: str) -> None:
+        """Key presses, sent as RFC 4733 telephone-events."""
+        for digit in digits:
+            await self.command("sndcode", digit)  # pressed and released
+            await asyncio.sleep(0.3)  # one key at a time, as fingers do
+
+    def heard(self) -> tuple[np.ndarray, int]:
+        """What the phone received and played, as recorded."""
+        (path,) = self.recordings.glob("*-dec.wav")
+        return read_wav(path)
+
+    async def stop(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader_task
+        if self.process is not None:
+            await self.process.stop()
+
+
+async def start_gateway(
+    namespace: NetworkNamespace,
+    workdir: Path,
+    service_url: str,
+    sip_port: int = SIP_PORT,
+    ng_port: int = 2223,
+    rtp_ports: tuple[int, int] = (30000, 30199),
+) -> Gateway:
+    process = await start(
+        namespace,
+        f"gateway-{sip_port}",
+        str(GATEWAY_SCRIPT),
+        SIP_ADDRESS=GATEWAY,
+        SIP_PORT=str(sip_port),
+        RTPENGINE_NG=f"127.0.0.1:{ng_port}",
+        RTP_PORT_MIN=str(rtp_ports[0]),
+        RTP_PORT_MAX=str(rtp_ports[1]),
+        VOICE_AGENT_URL=service_url,
+        VOICE_AGENT_API_KEY=API_KEY,
+        GATEWAY_RUN_DIR=str(workdir / f"gateway-{sip_port}"),
+        GATEWAY_LOG_LEVEL="2",
+        KAMAILIO_CHILDREN="4",
+    )
+    gateway = Gateway(sip_port, ng_port, process)
+    # Ready: Kamailio has its SIP socket, rtpengine answers its control socket.
+    await process.log.wait_for(rf"udp: {re.escape(GATEWAY)} .*:{sip_port}", 20)
+    ng = load_ng()
+    async with asyncio.timeout(20):
+        while True:
+            try:
+                namespace.call(ng.command, ("127.0.0.1", ng_port), {"command": "ping"})
+                break
+            except (OSError, ng.NgError):
+                await asyncio.sleep(0.2)
+    return gateway
+
+
+async def start_service(namespace: NetworkNamespace, llm_url: str, *args: str) -> Process:
+    return await start(
+        namespace,
+        "service",
+        sys.executable,
+        "-m",
+        "voice_agent",
+        "serve",
+        "--host",
+        SERVICE,
+        "--port",
+        str(SERVICE_PORT),
+        "--api-keys",
+        API_KEY,
+        "--ice-host-addresses",
+        SERVICE,
+        "--llm-base-url",
+        f"{llm_url}/v1",
+        "--log-format",
+        "text",
+        *args,
+    )
+
+
+async def wait_ready(http: aiohttp.ClientSession, url: str, service: Process) -> None:
+    async with asyncio.timeout(120):
+        while True:
+            if service.process.returncode is not None:
+                raise RuntimeError(f"the service exited:\n{service.log.tail()}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{url}/readyz") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.3)
+
+
+@asynccontextmanager
+async def sip_lab(workdir: Path, *service_args: str) -> AsyncIterator[SipLab]:
+    namespace = NetworkNamespace(f"va-sip-{os.getpid()}", [GATEWAY, PHONE, SERVICE])
+    namespace.create()
+    processes: list[Process] = []
+    leftover: list[int] = []
+    try:
+        async with (
+            scripted_llm_server(namespace.listener(SERVICE)) as llm,
+            aiohttp.ClientSession(connector=namespace.connector()) as http,
+        ):
+            service = await start_service(namespace, llm.url, *service_args)
+            processes.append(service)
+            url = f"http://{SERVICE}:{SERVICE_PORT}"
+            await wait_ready(http, url, service)
+            gateway = await start_gateway(namespace, workdir, url)
+            processes.append(gateway.process)
+            yield SipLab(namespace, workdir, llm, service, gateway, http)
+    finally:
+        for process in reversed(processes):
+            await process.stop()
+        # Whatever was left behind in the namespace goes with it.
+        leftover = namespace.pids()
+        for pid in leftover:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        namespace.delete()
+    # Stopping the gateway and the service stops everything they started.
+    assert not leftover, f"processes left running in the namespace: {leftover}"
