@@ -189,9 +189,15 @@ class PriorityInferenceWorker:
             job = (self._urgent or self._normal).popleft()
             if job.future.done():  # its caller went away while it waited
                 continue
-            self._running += 1
             loop = job.future.get_loop()
-            running = loop.run_in_executor(self._executor, functools.partial(job.func, *job.args))
+            try:
+                running = loop.run_in_executor(
+                    self._executor, functools.partial(job.func, *job.args)
+                )
+            except RuntimeError as exc:  # closed: the executor takes no more jobs
+                job.future.set_exception(exc)
+                continue
+            self._running += 1
             running.add_done_callback(functools.partial(self._finished, job))
 
     def _finished(self, job: _Job[Any], running: asyncio.Future[Any]) -> None:

@@ -50,7 +50,21 @@ async def drain_calls(calls: CallRegistry, timeout_s: float, goodbye: str) -> No
     left = calls.calls()
     if left:
         log.info("drain time is up: ending calls with a goodbye", extra={"calls": len(left)})
-    await asyncio.gather(*(end_with_goodbye(call, goodbye) for call in left))
+    ended = await asyncio.gather(
+        *(end_with_goodbye(call, goodbye) for call in left), return_exceptions=True
+    )
+    for call, outcome in zip(left, ended, strict=True):
+        if isinstance(outcome, Exception):  # one call's failure ends no other's goodbye
+            log.error("ending a call failed", exc_info=outcome, extra={"call_id": call.id})
+
+
+async def stop_draining(app: web.Application) -> None:
+    """Stop a drain still running (a second signal, the parent gone), so no
+    goodbye is still being played while the application shuts down."""
+    for task in app.get(DRAINING, []):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def end_with_goodbye(call: Call, goodbye: str) -> None:

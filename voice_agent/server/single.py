@@ -7,7 +7,7 @@ from aiohttp import web
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.server.app import build_app, new_runner
-from voice_agent.server.drain import drain_app
+from voice_agent.server.drain import drain_app, stop_draining
 
 
 class SingleServer:
@@ -33,6 +33,8 @@ class SingleServer:
             await drain_app(self._app)
 
     async def stop(self) -> None:
+        if self._app is not None:
+            await stop_draining(self._app)
         if self._runner is not None:
             await self._runner.cleanup()
         await self.engine.stop()

@@ -34,7 +34,7 @@ from aiohttp import web
 from voice_agent.config import Settings
 from voice_agent.engine import Engine, SharedModelLinks
 from voice_agent.server.app import CALLS, build_app, new_runner
-from voice_agent.server.drain import DRAIN_PATH, drain_app, drain_route
+from voice_agent.server.drain import DRAIN_PATH, drain_app, drain_route, stop_draining
 
 log = logging.getLogger("voice_agent.server.worker")  # run as __main__
 
@@ -111,6 +111,7 @@ async def run_worker(config: WorkerConfig, parent_gone: asyncio.Future[None]) ->
             await asyncio.wait({draining, parent_gone}, return_when=asyncio.FIRST_COMPLETED)
             draining.cancel()
     finally:
+        await stop_draining(app)
         await runner.cleanup()  # closes this worker's calls
         await engine.stop()
 
