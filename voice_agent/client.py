@@ -35,6 +35,7 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtpPacket
 
 from voice_agent.audio.resample import StreamResampler
+from voice_agent.audio.timeline import AudioTimeline
 from voice_agent.rtc import dtmf
 from voice_agent.rtc.g711 import FrameEncoder, encoder_for
 from voice_agent.rtc.inbound import frame_to_mono_int16
@@ -44,13 +45,56 @@ RATE = 48_000
 FRAME = 960
 
 
+class SimulatedEcho:
+    """A speakerphone without echo cancellation: what the client receives
+    comes back into its microphone ``delay_ms`` later, through a small room
+    (a direct path and three decaying reflections), ``gain_db`` louder or
+    quieter. Loudspeaker and microphone share one clock, as on a device:
+    received audio is placed by its stream position, so network jitter never
+    moves the echo. For tests and benchmarks of the server's echo handling."""
+
+    def __init__(self, delay_ms: float = 150.0, gain_db: float = -6.0) -> None:
+        self.delay = int(delay_ms * RATE / 1000)
+        room = np.zeros(RATE * 40 // 1000)
+        for at_ms, level in ((0, 1.0), (7, 0.45), (19, -0.25), (33, 0.12)):
+            room[RATE * at_ms // 1000] = level
+        self._room = room * 10 ** (gain_db / 20)
+        self._tail = np.zeros(len(room) - 1)
+        self._line = AudioTimeline(2 * RATE)
+        self._resampler: StreamResampler | None = None
+        self._offset: int | None = None  # microphone position minus received position
+        self.mic_position: Callable[[], int] = lambda: 0
+
+    def heard(self, samples: np.ndarray, rate: int, pts: int | None) -> None:
+        """Audio the client received (and its loudspeaker played), with its timestamp."""
+        position = (pts or 0) * RATE // rate
+        if rate != RATE:
+            if self._resampler is None or self._resampler.in_rate != rate:
+                self._resampler = StreamResampler(rate, RATE, low_latency=True)
+            samples = self._resampler.process(samples)
+        if self._offset is None:
+            self._offset = self.mic_position() - position + self.delay
+        signal = np.concatenate((self._tail, samples.astype(np.float64)))
+        echo = np.convolve(signal, self._room, mode="valid")
+        self._tail = signal[len(signal) - len(self._tail) :]
+        self._line.write(position + self._offset, np.clip(echo, -32768, 32767).astype(np.int16))
+
+    def picked_up(self, position: int, count: int) -> np.ndarray:
+        """What the microphone picks up of it at its stream ``position``."""
+        return self._line.read(position, count)
+
+
 class PcmSource(MediaStreamTrack):
-    """An outgoing audio track playing queued PCM on a real-time clock."""
+    """An outgoing audio track playing queued PCM on a real-time clock
+    (plus, with ``echo``, the echo of what the client plays)."""
 
     kind = "audio"
 
-    def __init__(self, codec: str = "audio/opus") -> None:
+    def __init__(self, codec: str = "audio/opus", echo: SimulatedEcho | None = None) -> None:
         super().__init__()
+        self.echo = echo
+        if echo is not None:
+            echo.mic_position = self.position
         self._queue: deque[np.ndarray] = deque()
         self._pending = np.zeros(0, dtype=np.int16)
         self._start: float | None = None
@@ -77,6 +121,12 @@ class PcmSource(MediaStreamTrack):
         self._done_waiters.append((self._queued_frames, done))
         return done
 
+    def position(self) -> int:
+        """This track's timestamp now, in samples."""
+        if self._start is None:
+            return 0
+        return int((time.monotonic() - self._start) * RATE)
+
     async def recv(self) -> av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
@@ -89,14 +139,20 @@ class PcmSource(MediaStreamTrack):
         # Pre-encoded like the server's track, so a load test spends its CPU
         # on the server rather than on encoding silence in the client.
         payload = self.encoder.silence()
+        echo = None if self.echo is None else self.echo.picked_up(self._index * FRAME, FRAME)
         if self._queue:
-            payload = self.encoder.encode(self._queue.popleft())
+            frame = self._queue.popleft()
+            if echo is not None:
+                frame = np.clip(frame.astype(np.int32) + echo, -32768, 32767).astype(np.int16)
+            payload = self.encoder.encode(frame)
             self.sent_audio_frames += 1
             sent_at = time.monotonic()
             while self._done_waiters and self._done_waiters[0][0] <= self.sent_audio_frames:
                 _, waiter = self._done_waiters.pop(0)
                 if not waiter.done():
                     waiter.set_result(sent_at)
+        elif echo is not None and echo.any():
+            payload = self.encoder.encode(echo)
         packet = make_packet(payload, self._index * FRAME)
         self._index += 1
         return packet
@@ -156,7 +212,8 @@ async def fetch_ice_servers(
 class RealtimeClient:
     """``codec``: offer only this codec (e.g. "audio/PCMU", as a telephone
     gateway does); ``ice_lite``: mark the offer ``a=ice-lite``, as gateways
-    such as rtpengine can."""
+    such as rtpengine can; ``echo``: the client's loudspeaker leaks into its
+    microphone, as a speakerphone's does."""
 
     def __init__(
         self,
@@ -166,6 +223,7 @@ class RealtimeClient:
         relay_only: bool = False,
         codec: str | None = None,
         ice_lite: bool = False,
+        echo: SimulatedEcho | None = None,
     ) -> None:
         dtmf.install()  # offers carry telephone-event, as a phone's do
         self.base_url = base_url.rstrip("/")
@@ -179,7 +237,7 @@ class RealtimeClient:
         self.pc = RTCPeerConnection(
             RTCConfiguration(iceServers=ice_servers or [], iceTransportPolicy=policy)
         )
-        self.mic = PcmSource(codec or "audio/opus")
+        self.mic = PcmSource(codec or "audio/opus", echo)
         self.received = ReceivedAudio()
         self.events: list[dict[str, Any]] = []
         self.event_times: list[float] = []
@@ -215,7 +273,10 @@ class RealtimeClient:
             except MediaStreamError:
                 return
             assert isinstance(frame, av.AudioFrame)
-            self.received.add(frame_to_mono_int16(frame))
+            samples = frame_to_mono_int16(frame)
+            self.received.add(samples)
+            if self.mic.echo is not None:
+                self.mic.echo.heard(samples, frame.sample_rate, frame.pts)
 
     async def connect(self, session: aiohttp.ClientSession, open_timeout: float = 20.0) -> None:
         self.pc.addTrack(self.mic)

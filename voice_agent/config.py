@@ -413,6 +413,12 @@ class Settings(BaseSettings):
         description="Between replies send one silence packet every 400 ms (discontinuous "
         "transmission, as Opus DTX) instead of one every 20 ms: an idle call costs less.",
     )
+    echo_cancel: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Cancel the echo of the agent's own voice in what the caller sends "
+        "(WebRTC AEC3), for phones and speakerphones that do not: auto = on for G.711 "
+        "(telephone) legs, off for Opus (browsers cancel echo themselves).",
+    )
     dtmf_hangup_digits: str = Field(
         "",
         pattern=r"^[0-9*#A-D]*$",

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aioice.ice
+import numpy as np
 from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
@@ -28,6 +29,7 @@ from aiortc import (
 )
 
 from voice_agent import observability
+from voice_agent.audio.echo import EchoCanceller
 from voice_agent.config import Settings
 from voice_agent.memory import TRIMMER
 from voice_agent.realtime.protocol import RealtimeProtocol
@@ -104,6 +106,7 @@ class Call:
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_connection_state)
         self.codec = "audio/opus"  # until the answer says otherwise
+        self.echo: EchoCanceller | None = None
 
     # -- negotiation ------------------------------------------------------
     async def answer(self, offer_sdp: str) -> str:
@@ -121,6 +124,9 @@ class Call:
             raise ValueError("the offer has no audio codec in common (Opus, PCMU or PCMA)")
         self.codec = codecs[0].mimeType
         self.output.use_codec(self.codec)
+        if self._cancels_echo():
+            self.echo = EchoCanceller(lambda: self.output.position() // 3)
+            self.output.on_samples_sent = self.echo.played
         dtmf.listen(transceiver.receiver, self._on_digit)
         loop = asyncio.get_running_loop()
         self._connect_timer = loop.call_later(
@@ -131,6 +137,16 @@ class Call:
             loop.call_later(self.settings.max_call_duration_s, self._timeout, "max_duration")
         )
         return str(self.pc.localDescription.sdp)
+
+    def _cancels_echo(self) -> bool:
+        mode = self.settings.echo_cancel
+        # A browser cancels echo in getUserMedia; a telephone leg (G.711)
+        # is often a speakerphone or desk phone that does not.
+        return mode == "on" or (mode == "auto" and not self.codec.lower().endswith("/opus"))
+
+    def _hear(self, samples: np.ndarray, position: int) -> None:
+        echo = self.echo
+        self.session.push_audio(samples if echo is None else echo.process(samples, position))
 
     # -- peer connection events -----------------------------------------------
     def _on_track(self, track: MediaStreamTrack) -> None:
@@ -146,7 +162,7 @@ class Call:
         # than the grace period is gone.
         max_gap_s = max(self.settings.disconnect_grace_s, MIN_INBOUND_GAP_S)
         try:
-            await pump_inbound_audio(track, self.session.push_audio, max_gap_s)
+            await pump_inbound_audio(track, self._hear, max_gap_s)
         except InboundAudioStopped as exc:
             log.warning("peer lost", extra={"call_id": self.id, "error": str(exc)})
             self.close_soon("peer_lost")

@@ -36,16 +36,25 @@ def frame_to_mono_int16(frame: av.AudioFrame) -> np.ndarray:
     return downmix_interleaved(samples.reshape(-1), channels)
 
 
+def stream_position(frame: av.AudioFrame) -> int:
+    """A decoded frame's timestamp at 16 kHz (aiortc stamps frames with
+    their RTP timestamp, in samples of the codec's clock)."""
+    if frame.pts is None:
+        return 0
+    return int(frame.pts * STT_RATE // frame.sample_rate)
+
+
 class InboundAudioStopped(Exception):
     """The peer's audio stopped arriving, the track still open."""
 
 
 async def pump_inbound_audio(
     track: MediaStreamTrack,
-    sink: Callable[[np.ndarray], None],
+    sink: Callable[[np.ndarray, int], None],
     max_gap_s: float | None = None,
 ) -> None:
-    """Until the track ends: decode, down-mix, resample, hand to ``sink``.
+    """Until the track ends: decode, down-mix, resample, hand to ``sink``
+    with the audio's stream position (its RTP timestamp, in 16 kHz samples).
 
     A peer that vanishes (its process killed, its network gone) sends no
     goodbye, and ICE consent only notices after about 30 s; but a live peer
@@ -69,4 +78,4 @@ async def pump_inbound_audio(
         mono = frame_to_mono_int16(frame)
         if resampler is None or resampler.in_rate != frame.sample_rate:
             resampler = StreamResampler(frame.sample_rate, STT_RATE, low_latency=True)
-        sink(resampler.process(mono))
+        sink(resampler.process(mono), stream_position(frame))

@@ -111,6 +111,9 @@ class PacedAudioTrack(MediaStreamTrack):
         self._encoder: FrameEncoder = OpusFrames()
         self.stats = PacingStats()
         self.on_audio_frame: FrameListener | None = None
+        # Told every audio frame's samples and timestamp as it leaves (an
+        # echo canceller's far end); silence is not reported.
+        self.on_samples_sent: Callable[[np.ndarray, int], None] | None = None
         self._drained = asyncio.Event()
         self._drained.set()
         self._wake: asyncio.Future[bool] | None = None
@@ -178,6 +181,13 @@ class PacedAudioTrack(MediaStreamTrack):
         self._space.set()
         self._drained.set()
 
+    def position(self) -> int:
+        """The stream's timestamp now, in samples: frame timestamps follow
+        the wall clock from the first frame on (DTX gaps included)."""
+        if self._start is None:
+            return 0
+        return int((self._clock() - self._start) * SAMPLE_RATE)
+
     # -- consumer side (aiortc's RTP sender) ---------------------------------
     async def recv(self) -> av.Packet[Any]:
         """The next 20 ms as an encoded packet (Opus or G.711), on schedule."""
@@ -222,6 +232,8 @@ class PacedAudioTrack(MediaStreamTrack):
             self._silent_slots = 0
             if self.on_audio_frame is not None:
                 self.on_audio_frame(tag)
+            if self.on_samples_sent is not None:
+                self.on_samples_sent(samples, self._index * FRAME_SAMPLES)
         else:
             samples = None
             self._silent_slots += 1

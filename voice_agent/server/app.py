@@ -284,7 +284,15 @@ async def get_call(request: web.Request) -> web.StreamResponse:
     call = request.app[CALLS].get(request.match_info["call_id"])
     if call is None:
         return error_response(404, "call_not_found", "no such call")
-    return web.json_response({"id": call.id, "status": "active"})
+    echo = call.echo
+    return web.json_response(
+        {
+            "id": call.id,
+            "status": "active",
+            # What the echo canceller removed while the agent spoke (None: off).
+            "echo_cancel": None if echo is None else echo.stats.as_dict(),
+        }
+    )
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from voice_agent.audio.echo import EchoCanceller
 from voice_agent.realtime.protocol import RealtimeProtocol
 from voice_agent.rtc.outbound import PacedAudioTrack, PacingStats
 from voice_agent.session.session import VoiceSession
@@ -24,6 +25,7 @@ class Call(Protocol):
     protocol: RealtimeProtocol
     closed: asyncio.Event
     close_reason: str | None
+    echo: EchoCanceller | None  # phone legs without their own echo cancellation
 
     async def close(self, reason: str = "hangup") -> None: ...
 

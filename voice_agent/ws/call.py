@@ -30,6 +30,7 @@ from aiohttp import WSMsgType, web
 from aiortc.mediastreams import MediaStreamError
 
 from voice_agent import observability
+from voice_agent.audio.echo import EchoCanceller
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import Settings
 from voice_agent.memory import TRIMMER
@@ -65,6 +66,8 @@ class WebSocketCall:
         self.output = PacedAudioTrack(buffer_ms=settings.output_buffer_ms, dtx=True)
         self.session = VoiceSession(models, session_config, self.output, self._on_session_event)
         self.output.on_audio_frame = self.session.frame_sent
+        # A WebSocket client plays and records audio itself: echo is its job.
+        self.echo: EchoCanceller | None = None
         self.protocol = RealtimeProtocol(
             self.session, self._send_event, model_name, voice_name, settings.llm_max_tokens
         )

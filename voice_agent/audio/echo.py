@@ -1,0 +1,151 @@
+"""Acoustic echo cancellation for callers whose own device does none.
+
+A speakerphone, or many SIP desk phones, plays the agent's voice into the
+room and its microphone sends it straight back. Without cancellation the
+agent hears itself: voice activity detection takes its own words for the
+caller speaking, the reply is cut off (a false barge-in) and the echo is
+transcribed as a new turn. Browsers cancel echo in ``getUserMedia``; phone
+legs often do not, so the service does it here.
+
+The canceller is WebRTC's AEC3 (the audio processing module browsers use),
+through the ``livekit`` package's prebuilt binding. AEC3 needs the far end
+(what was played) and the near end (what came back) in step, 10 ms at a
+time; it estimates the delay between them itself (40-400 ms measured).
+
+Alignment: the outbound track reports each frame as it leaves, with its
+stream position, onto a timeline (audio/timeline.py); inbound audio comes
+with its own stream position (its RTP timestamps). The first inbound audio
+is lined up with what is being sent at that moment, and from then on the
+two streams stay lined up by position, so jitter in either direction never
+moves the echo relative to its reference (AEC3's linear filter needs that).
+The echo always comes back later than its reference, by the network round
+trip and both jitter buffers, as AEC3 expects. Silence never sent (DTX)
+reads as zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from voice_agent.audio.resample import StreamResampler
+from voice_agent.audio.timeline import AudioTimeline
+
+RATE = 16_000
+CHUNK = RATE // 100  # AEC3 works on 10 ms
+# The far-end timeline kept: more than the longest echo delay AEC3 models.
+HISTORY_S = 2.0
+# Inbound audio whose stream position jumps by more than this (a new
+# source, a long loss) is lined up afresh.
+RESYNC_S = 1.0
+# How much earlier than the first inbound packet a later one may arrive
+# (inbound jitter) and still find its far-end reference already written.
+JITTER_MARGIN_S = 0.04
+# Far-end 10 ms chunks quieter than this (int16 RMS) count as nothing played.
+PLAYING_RMS = 30.0
+
+INSTALL_HINT = "echo cancellation needs the livekit package: pip install 'livekit==1.2.1'"
+
+
+@dataclass
+class EchoStats:
+    """What the canceller took out while the agent was speaking."""
+
+    chunks: int = 0
+    playing_chunks: int = 0  # 10 ms chunks processed while far-end audio played
+    near_energy: float = 0.0  # sums of squares over the playing chunks
+    out_energy: float = 0.0
+
+    @property
+    def removed_db(self) -> float | None:
+        """Energy removed from the near end while the agent spoke, in dB."""
+        if self.playing_chunks == 0 or self.near_energy <= 0.0:
+            return None
+        return float(10.0 * np.log10(self.near_energy / max(self.out_energy, 1.0)))
+
+    def as_dict(self) -> dict[str, Any]:
+        removed = self.removed_db
+        return {
+            "chunks": self.chunks,
+            "playing_chunks": self.playing_chunks,
+            "removed_db": None if removed is None else round(removed, 1),
+        }
+
+
+def _audio_processing() -> Any:
+    try:
+        from livekit import rtc
+    except ImportError as exc:  # an install without it: name the fix
+        raise RuntimeError(INSTALL_HINT) from exc
+    return rtc
+
+
+class EchoCanceller:
+    """One call's echo canceller. ``played`` is fed each outbound frame as
+    it leaves (48 kHz int16, with its stream position); ``process`` cleans
+    inbound 16 kHz audio given its stream position on the caller's clock,
+    and returns as much audio as it was given, echo removed.
+
+    ``far_position`` tells the outbound stream's position now (16 kHz
+    samples): the first inbound audio is anchored to it, and from then on
+    the two streams stay lined up by position."""
+
+    def __init__(self, far_position: Callable[[], int]) -> None:
+        self._rtc = _audio_processing()
+        self._apm = self._rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True)
+        self._far_position = far_position
+        self._far = AudioTimeline(int(HISTORY_S * RATE))
+        self._to_16k = StreamResampler(48_000, RATE, low_latency=True)
+        self._offset: int | None = None  # far-end position minus near-end position
+        self._next_near: int | None = None  # where the next inbound audio should start
+        self._pending = np.zeros(0, dtype=np.int16)
+        self.stats = EchoStats()
+
+    def played(self, samples_48k: np.ndarray, position_48k: int) -> None:
+        """One outbound frame, as it leaves."""
+        self._far.write(position_48k // 3, self._to_16k.process(samples_48k))
+
+    def process(self, near: np.ndarray, position: int) -> np.ndarray:
+        """Inbound audio starting at stream ``position`` (16 kHz samples),
+        echo removed. Whole 10 ms chunks come out; a remainder waits."""
+        if self._next_near is None or abs(position - self._next_near) > RESYNC_S * RATE:
+            # The first audio, or the caller's stream jumped (a new source,
+            # a long loss): line it up with what is being played now, less a
+            # margin for inbound jitter, so the reference is never read
+            # before it was written.
+            self._offset = self._far_position() - position - int(JITTER_MARGIN_S * RATE)
+            self._pending = np.zeros(0, dtype=np.int16)
+        self._next_near = position + len(near)
+        start = position - len(self._pending)
+        data = np.concatenate((self._pending, near)) if self._pending.size else near
+        whole = len(data) - len(data) % CHUNK
+        cleaned = [
+            self._process_chunk(data[i : i + CHUNK], start + i) for i in range(0, whole, CHUNK)
+        ]
+        self._pending = data[whole:].copy()
+        return np.concatenate(cleaned) if cleaned else np.zeros(0, dtype=np.int16)
+
+    def _process_chunk(self, near: np.ndarray, position: int) -> np.ndarray:
+        assert self._offset is not None
+        frame_type = self._rtc.AudioFrame
+        far = self._far.read(position + self._offset, CHUNK)
+        self._apm.process_reverse_stream(frame_type(far.tobytes(), RATE, 1, CHUNK))
+        frame = frame_type(near.astype(np.int16).tobytes(), RATE, 1, CHUNK)
+        self._apm.process_stream(frame)
+        out = np.frombuffer(frame.data, dtype=np.int16).copy()
+        self._count(far, near, out)
+        return out
+
+    def _count(self, far: np.ndarray, near: np.ndarray, out: np.ndarray) -> None:
+        stats = self.stats
+        stats.chunks += 1
+        far_f = far.astype(np.float64)
+        if float(np.sqrt(np.mean(far_f * far_f))) < PLAYING_RMS:
+            return
+        stats.playing_chunks += 1
+        near_f, out_f = near.astype(np.float64), out.astype(np.float64)
+        stats.near_energy += float(np.dot(near_f, near_f))
+        stats.out_energy += float(np.dot(out_f, out_f))
