@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from voice_agent.audio.echo_presence import EchoPresence
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.audio.timeline import AudioTimeline
 
@@ -58,6 +59,7 @@ class EchoStats:
     playing_chunks: int = 0  # 10 ms chunks processed while far-end audio played
     near_energy: float = 0.0  # sums of squares over the playing chunks
     out_energy: float = 0.0
+    echo_detected: bool | None = None  # None: not judged yet
 
     @property
     def removed_db(self) -> float | None:
@@ -69,6 +71,7 @@ class EchoStats:
     def as_dict(self) -> dict[str, Any]:
         removed = self.removed_db
         return {
+            "echo_detected": self.echo_detected,
             "chunks": self.chunks,
             "playing_chunks": self.playing_chunks,
             "removed_db": None if removed is None else round(removed, 1),
@@ -102,6 +105,7 @@ class EchoCanceller:
         self._offset: int | None = None  # far-end position minus near-end position
         self._next_near: int | None = None  # where the next inbound audio should start
         self._pending = np.zeros(0, dtype=np.int16)
+        self.presence = EchoPresence()
         self.stats = EchoStats()
 
     def played(self, samples_48k: np.ndarray, position_48k: int) -> None:
@@ -137,11 +141,15 @@ class EchoCanceller:
         self._apm.process_stream(frame)
         out = np.frombuffer(frame.data, dtype=np.int16).copy()
         self._count(far, near, out)
-        return out
+        # AEC3 runs on every chunk, so it stays adapted, but its output is
+        # used only where there may be echo (audio/echo_presence.py).
+        self.presence.push(far, near)
+        return out if self.presence.cancel else near.astype(np.int16)
 
     def _count(self, far: np.ndarray, near: np.ndarray, out: np.ndarray) -> None:
         stats = self.stats
         stats.chunks += 1
+        stats.echo_detected = self.presence.echo
         far_f = far.astype(np.float64)
         if float(np.sqrt(np.mean(far_f * far_f))) < PLAYING_RMS:
             return

@@ -1,0 +1,218 @@
+"""False barge-ins on a speakerphone, with and without echo cancellation.
+
+Starts ``voice-agent serve`` (embedded models) once per setting of
+``--echo-cancel``, and calls it with real aiortc clients that offer G.711, as
+a phone gateway does, and act as a speakerphone without echo cancellation
+(``voice_agent.client.SimulatedEcho``: what they receive comes back into their
+microphone 150 ms later through a small room, at the level given).
+
+Per setting and echo level, one call of several turns: the caller asks a
+question and then says nothing. Counted per reply:
+- false barge-in: the reply was cancelled by a "turn" the caller never spoke;
+- phantom turns: speech the server detected while the caller was silent.
+Then real barge-ins: the caller speaks a recorded sentence one second into
+a long reply; counted are replies cut (as they must be) and the word error
+rate of what the caller said, against a clean line (no echo at all).
+
+    .venv/bin/python bench/echo.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.latency import table  # noqa: E402
+from bench.serving import start_server, wait_ready  # noqa: E402
+from tests.audio_data import librivox, reference, silence, word_error_rate  # noqa: E402
+from voice_agent.client import RealtimeClient, SimulatedEcho  # noqa: E402
+from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+
+QUESTIONS = ["0930", "0890", "0920", "0870"]
+BARGE_IN = "0880"
+RATE = 16_000
+
+
+@dataclass
+class QuietTurns:
+    replies: int = 0
+    false_barge_ins: int = 0
+    phantom_turns: int = 0
+
+
+@dataclass
+class BargeIns:
+    tried: int = 0
+    cut: int = 0
+    wer: list[float] = field(default_factory=list)
+    heard: list[str] = field(default_factory=list)
+
+
+def details_reason(response: dict[str, Any]) -> str | None:
+    reason = (response.get("status_details") or {}).get("reason")
+    return None if reason is None else str(reason)
+
+
+def speech_started_after(client: RealtimeClient, t: float) -> int:
+    return sum(
+        1
+        for event, at in zip(client.events, client.event_times, strict=True)
+        if event["type"] == "input_audio_buffer.speech_started" and at > t
+    )
+
+
+async def settle(client: RealtimeClient) -> None:
+    """End whatever the echo set off before the next turn."""
+    client.send({"type": "response.cancel"})
+    client.send({"type": "output_audio_buffer.clear"})
+    await asyncio.sleep(1.5)
+
+
+async def quiet_turns(
+    url: str, http: aiohttp.ClientSession, echo_db: float, turns: int
+) -> QuietTurns:
+    result = QuietTurns()
+    client = RealtimeClient(url, codec="audio/PCMU", echo=SimulatedEcho(150, echo_db))
+    await client.connect(http)
+    await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    for turn in range(turns):
+        clip = QUESTIONS[turn % len(QUESTIONS)]
+        done = client.wait_for_type("response.done", after=len(client.events))
+        sent = await client.mic.play(np.concatenate((librivox(clip), silence(0.3))), RATE)
+        try:
+            response = (await asyncio.wait_for(done, 40))["response"]
+        except TimeoutError:
+            continue
+        await asyncio.sleep(2.0)  # the echo of the reply's end comes back
+        result.replies += 1
+        details = response.get("status_details") or {}
+        if response["status"] == "cancelled" and details.get("reason") == "turn_detected":
+            result.false_barge_ins += 1
+        result.phantom_turns += speech_started_after(client, sent)
+        await settle(client)
+    await client.hangup(http)
+    return result
+
+
+async def barge_ins(
+    url: str, http: aiohttp.ClientSession, echo: SimulatedEcho | None, turns: int
+) -> BargeIns:
+    result = BargeIns()
+    client = RealtimeClient(url, codec="audio/PCMU", echo=echo)
+    await client.connect(http)
+    await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    client.send(
+        {
+            "type": "session.update",
+            "session": {"instructions": "Tell a long story in many short sentences."},
+        }
+    )
+    for turn in range(turns):
+        playing = client.wait_for_type("output_audio_buffer.started", after=len(client.events))
+        done = client.wait_for_type("response.done", after=len(client.events))
+        clip = QUESTIONS[turn % len(QUESTIONS)]
+        await client.mic.play(np.concatenate((librivox(clip), silence(0.3))), RATE)
+        try:
+            await asyncio.wait_for(playing, 40)
+        except TimeoutError:
+            continue
+        await asyncio.sleep(1.0)
+        heard = client.wait_for_type(
+            "conversation.item.input_audio_transcription.completed", after=len(client.events)
+        )
+        await client.mic.play(np.concatenate((librivox(BARGE_IN), silence(0.3))), RATE)
+        result.tried += 1
+        try:
+            response: dict[str, Any] = (await asyncio.wait_for(done, 30))["response"]
+            transcript = (await asyncio.wait_for(heard, 30))["transcript"]
+        except TimeoutError:
+            continue
+        if details_reason(response) == "turn_detected":
+            result.cut += 1
+        result.wer.append(word_error_rate(reference(BARGE_IN), transcript))
+        result.heard.append(f"{response['status']}/{details_reason(response)}: {transcript}")
+        await settle(client)
+    await client.hangup(http)
+    return result
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--turns", type=int, default=3, help="quiet turns per echo level")
+    parser.add_argument("--barge-ins", type=int, default=3, help="real barge-ins per setting")
+    parser.add_argument("--levels", default="-12,-6,0", help="echo levels, dB")
+    args = parser.parse_args()
+    levels = [float(x) for x in args.levels.split(",")]
+    # The client runs below the server: its CPU is not the server's.
+    os.nice(5)
+    restrict_host_addresses(["127.0.0.1"])
+    quiet_rows: list[list[object]] = []
+    barge_rows: list[list[object]] = []
+    heard_rows: list[list[object]] = []
+    for setting in ("off", "on"):
+        server, url = await start_server("--echo-cancel", setting, "--llm-max-tokens", "120")
+        try:
+            async with aiohttp.ClientSession() as http:
+                await wait_ready(http, url)
+                for level in levels:
+                    quiet = await quiet_turns(url, http, level, args.turns)
+                    quiet_rows.append(
+                        [
+                            setting,
+                            f"{level:+.0f} dB",
+                            quiet.replies,
+                            quiet.false_barge_ins,
+                            quiet.phantom_turns,
+                        ]
+                    )
+                lines: list[tuple[str, SimulatedEcho | None]] = [
+                    ("echo -6 dB", SimulatedEcho(150, -6))
+                ]
+                if setting == "on":
+                    lines.append(("clean line", None))
+                for name, echo in lines:
+                    barge = await barge_ins(url, http, echo, args.barge_ins)
+                    wer = barge.wer
+                    heard_rows += [[setting, name, text] for text in barge.heard]
+                    barge_rows.append(
+                        [
+                            setting,
+                            name,
+                            f"{barge.cut}/{barge.tried}",
+                            f"{np.mean(wer):.2f}" if wer else "-",
+                            " ".join(f"{w:.2f}" for w in wer),
+                        ]
+                    )
+        finally:
+            server.send_signal(signal.SIGTERM)
+            await server.wait()
+    sys.stdout.write(
+        "Quiet caller on a speakerphone (G.711, echo 150 ms later):\n"
+        + table(
+            quiet_rows,
+            ["echo cancel", "echo level", "replies", "false barge-ins", "phantom turns"],
+        )
+        + "\n\nReal barge-ins one second into a reply:\n"
+        + table(barge_rows, ["echo cancel", "line", "replies cut", "mean WER", "WER each"])
+        + f"\n\nWhat was heard of {reference(BARGE_IN)!r} (reply status/reason: transcript):\n"
+        + table(heard_rows, ["echo cancel", "line", "heard"])
+        + "\n"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

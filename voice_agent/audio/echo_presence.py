@@ -1,0 +1,117 @@
+"""Whether the caller's microphone hears the agent at all.
+
+WebRTC's AEC3 starts every call unsure of the echo path, and for its first
+two or three seconds of far-end audio it suppresses the near end hard
+(11-14 dB measured) in case it is echo. On a line with echo that is what
+stops the agent from interrupting itself; on a handset or headset, which
+returns no echo, it only hides the caller who talks over the agent's first
+reply. So the canceller's output is used only while there is reason to
+think there is echo: from the start (the safe default), and for the rest of
+the call once echo has been seen. Once enough of the agent's speech has
+gone out with nothing following it back, the caller's audio passes through
+untouched.
+
+Echo is recognised by its shape, not its level: the near end's loudness,
+frame by frame, follows the far end's a round trip later. The test is the
+correlation of the two 10 ms energy envelopes over the last two seconds,
+at the best of the delays up to 600 ms.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CHUNK_S = 0.01
+WINDOW = 200  # 10 ms chunks: the last two seconds
+MAX_LAG = 60  # 600 ms: longer than any echo delay AEC3 handles
+LAG_STEP = 2
+EVERY = 10  # decide every 100 ms
+# Far-end chunks at least this loud (dB of int16 mean square, about
+# -50 dBFS) count as the agent speaking.
+FAR_ACTIVE_DB = 40.0
+# Enough of the agent's speech in the window to judge by (half a second).
+MIN_ACTIVE = 50
+# Echo: envelopes this alike, at about the same delay, twice running (the
+# measured echo paths give 0.8-0.99; a caller talking over the agent on a
+# clean line gives up to about 0.5, at delays that wander).
+ECHO_CORRELATION = 0.7
+SAME_DELAY = 4  # chunks (40 ms)
+ECHO_STREAK = 2
+# No echo: below this, three judgements (300 ms) running.
+NO_ECHO_CORRELATION = 0.5
+NO_ECHO_STREAK = 3
+
+
+def energy_db(chunk: np.ndarray) -> float:
+    samples = chunk.astype(np.float64)
+    return float(10.0 * np.log10(np.mean(samples * samples) + 1.0))
+
+
+class EchoPresence:
+    def __init__(self) -> None:
+        self._far = np.zeros(WINDOW)
+        self._near = np.zeros(WINDOW)
+        self._filled = 0
+        self._count = 0
+        # None: not judged yet (treated as echo); True: seen, for the rest of the call.
+        self.echo: bool | None = None
+        self.best_correlation = 0.0
+        self._echo_lag: int | None = None  # delay of the last echo-like judgement
+        self._echo_streak = 0
+        self._quiet_streak = 0
+
+    @property
+    def cancel(self) -> bool:
+        """Whether the canceller's output should be used now."""
+        return self.echo is not False
+
+    def push(self, far: np.ndarray, near: np.ndarray) -> None:
+        """One 10 ms chunk of each end, lined up as the canceller sees them."""
+        self._far = np.roll(self._far, -1)
+        self._near = np.roll(self._near, -1)
+        self._far[-1], self._near[-1] = energy_db(far), energy_db(near)
+        self._filled = min(WINDOW, self._filled + 1)
+        self._count += 1
+        if self.echo is True or self._count % EVERY:
+            return
+        judged = self._best_correlation()
+        if judged is None:
+            return  # too little of the agent's speech to judge by
+        correlation, lag = judged
+        self.best_correlation = correlation
+        if correlation >= ECHO_CORRELATION:
+            same = self._echo_lag is not None and abs(lag - self._echo_lag) <= SAME_DELAY
+            self._echo_streak = self._echo_streak + 1 if same else 1
+            self._echo_lag, self._quiet_streak = lag, 0
+            if self._echo_streak >= ECHO_STREAK:
+                self.echo = True
+        else:
+            self._echo_streak, self._echo_lag = 0, None
+            self._quiet_streak = self._quiet_streak + 1 if correlation < NO_ECHO_CORRELATION else 0
+            if self._quiet_streak >= NO_ECHO_STREAK:
+                self.echo = False
+
+    def _best_correlation(self) -> tuple[float, int] | None:
+        """The best envelope correlation over the delays, and its delay."""
+        far, near = self._far[-self._filled :], self._near[-self._filled :]
+        # Judge only once enough of the agent's speech is old enough for its
+        # echo to be back even at the longest delay: early on, only the short
+        # delays could be tried, and a real echo would be missed.
+        if int((far[: max(0, len(far) - MAX_LAG)] >= FAR_ACTIVE_DB).sum()) < MIN_ACTIVE:
+            return None
+        best: tuple[float, int] | None = None
+        for lag in range(0, MAX_LAG + 1, LAG_STEP):
+            # The near end at t against the far end at t - lag.
+            sent = far[: len(far) - lag]
+            heard = near[lag:]
+            active = sent >= FAR_ACTIVE_DB
+            if int(active.sum()) < MIN_ACTIVE:
+                continue
+            a, b = sent[active], heard[active]
+            spread = float(a.std() * b.std())
+            value = (
+                0.0 if spread < 1e-6 else float(np.mean((a - a.mean()) * (b - b.mean())) / spread)
+            )
+            if best is None or value > best[0]:
+                best = (value, lag)
+        return best
