@@ -131,10 +131,9 @@ async def test_the_caller_can_still_interrupt(
     if speakerphone:
         # Its first half second overlaps the echo of the reply being cut
         # off (the echo lasts a round trip after the reply stops), and the
-        # canceller's double-talk suppression costs those words: measured
-        # 3-5 of 8 wrong (bench/echo.py). The rest must come through.
-        assert word_error_rate(reference("0880"), heard) <= 0.75, heard
-        assert "young" in heard.lower(), heard
+        # canceller's double-talk suppression costs a word or two there:
+        # measured 2 of 8 wrong, each time (bench/echo.py).
+        assert word_error_rate(reference("0880"), heard) <= 0.5, heard
     else:
         assert word_error_rate(reference("0880"), heard) <= 0.25, heard
     await client.hangup(http)
