@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from tests.audio_data import silence
+from tests.audio_data import librivox, silence
 from tests.conftest import run_server
+from tests.conftest import test_settings as settings_with
 from tests.scripted_llm import (
     Json,
     Script,
@@ -145,6 +146,31 @@ async def test_three_callers_each_prefill_their_own_words_before_their_reply(
             [user_words(p) for _, p in prefills],
         )
     assert served.prefill_gate.in_flight == 0
+
+
+async def test_whisper_partials_when_asked_for_prefill_the_words_whisper_heard(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    """faster-whisper (the shared engine's) gives partials only when
+    --stt-partial-interval-ms asks: its words so far are prefilled."""
+    peer.script_for = answer_prefills_and_replies
+    llm = make_llm("chat-completions", peer.base_url)
+    assert engine.models is not None
+    assert engine_with_models(engine, settings_with()).session_config().partial_interval_ms == 0
+    settings = settings_with(stt_partial_interval_ms=700)
+    served = engine_with_models(engine, settings, llm=llm)
+    try:
+        async with run_server(settings, served) as server:
+            client = RealtimeClient(server.url)
+            await client.connect(http)
+            transcript, done = await speak(client, "Be brief.", librivox("0880"))
+            await client.hangup(http)
+    finally:
+        await close_quietly(llm)
+    final = transcript["transcript"]
+    prefilled = [user_words(b) for b in peer.bodies() if is_words_prefill(b)]
+    assert done["response"]["status"] == "completed" and prefilled
+    assert any(final.startswith(words) for words in prefilled), (final, prefilled)
 
 
 async def test_the_reply_cancels_a_prefill_still_in_flight(
