@@ -7,6 +7,7 @@ under load; and llama-server really reuses what they cached."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,12 @@ from tests.scripted_llm import (
 from tests.stt_fixtures import engine_with_models, parakeet_settings
 from tests.test_llama_slots import complete
 from tests.tiny_nemo import phrase_audio
-from voice_agent.backends.base import ChatMessage, SttBackend
+from voice_agent.backends.base import ChatMessage, SttBackend, ToolCall
 from voice_agent.backends.llm_openai import OpenAIChatLlm, chat_message
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.session.conversation import Conversation
-from voice_agent.session.prefill import PrefillGate, SessionPrefills
+from voice_agent.session.prefill import PrefillGate, RepliesWatched, SessionPrefills
 
 pytestmark = pytest.mark.e2e
 
@@ -229,6 +230,48 @@ async def test_the_gate_sheds_words_prefills_beyond_its_limit(peer: ScriptedLlmS
         for session in sessions:
             await session.aclose()
         assert gate.in_flight == 0 and gate.sent == 3
+    finally:
+        await close_quietly(llm)
+
+
+async def test_no_words_prefill_starts_while_a_reply_waits_for_its_first_token(
+    peer: ScriptedLlmServer,
+) -> None:
+    def script(body: Json) -> Script:
+        if is_words_prefill(body):
+            return Script(chat_text("x"))
+        if user_words(body) == "silent":  # a reply whose first token never comes
+            return Script(hang_before=True)
+        return Script(chat_text("Sure", " thing."), hang_after=2)  # first token, then hangs
+
+    peer.script_for = script
+    llm = make_llm("chat-completions", peer.base_url, first_token_timeout_s=30.0)
+    gate = PrefillGate(limit=2)
+    replies = RepliesWatched(llm, gate)
+    prefills = SessionPrefills(llm, "sess_1", gate)
+    words = [ChatMessage("user", "go forward")]
+
+    async def first_output(text: str) -> str | ToolCall:
+        stream = replies.stream_reply([ChatMessage("user", text)], 60, 0.5)
+        return await anext(stream)
+
+    try:
+        waiting = asyncio.create_task(first_output("silent"))
+        await requests_arrived(peer, 1)
+        assert gate.replies_waiting == 1
+        assert not prefills.words("go forward", words, ()) and gate.shed == 1
+        waiting.cancel()  # the reply is cancelled (barge-in): it waits no more
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        assert gate.replies_waiting == 0
+        # A reply that has had its first token no longer holds prefills back.
+        stream = replies.stream_reply([ChatMessage("user", "hello")], 60, 0.5)
+        assert await anext(stream) == "Sure"
+        assert gate.replies_waiting == 0
+        assert prefills.words("go forward", words, ())
+        await stream.aclose()  # type: ignore[attr-defined]
+        await prefills.aclose()
+        assert gate.in_flight == 0 and gate.sent == 1
     finally:
         await close_quietly(llm)
 

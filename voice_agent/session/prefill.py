@@ -20,8 +20,9 @@ restored from ``--cache-ram``), so no slot id is pinned.
 Prefills are an optimisation only. The reply's own request cancels the
 session's prefill in flight (it must never wait behind it), a words
 prefill is never queued (one still in flight means the next partial simply
-is not prefilled), and a process-wide gate sheds words prefills when other
-sessions' are already in flight: under load the LLM's time goes to replies.
+is not prefilled), and a process-wide gate sheds words prefills while any
+session's reply is waiting for its first token, or while other sessions'
+prefills are already in flight: under load the LLM's time goes to replies.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
-from voice_agent.backends.base import ChatMessage, LlmBackend, ToolSpec
+from voice_agent.backends.base import ChatMessage, LlmBackend, ToolCall, ToolChoice, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +45,20 @@ DEFAULT_CONCURRENT_WORD_PREFILLS = 2
 
 class PrefillGate:
     """Shared by a process's sessions: how many words prefills may be in
-    flight at once; one past that is shed (counted), never queued."""
+    flight at once, and none while a reply waits for its first token (the
+    critical path); one refused is shed (counted), never queued."""
 
     def __init__(self, limit: int = DEFAULT_CONCURRENT_WORD_PREFILLS) -> None:
         if limit < 1:
             raise ValueError("the prefill gate's limit must be >= 1")
         self.limit = limit
         self.in_flight = 0
+        self.replies_waiting = 0  # reply requests sent, no output yet
         self.sent = 0
         self.shed = 0
 
     def try_enter(self) -> bool:
-        if self.in_flight >= self.limit:
+        if self.in_flight >= self.limit or self.replies_waiting:
             self.shed += 1
             return False
         self.in_flight += 1
@@ -69,6 +72,52 @@ class PrefillGate:
         return {"in_flight": self.in_flight, "sent": self.sent, "shed": self.shed}
 
 
+class RepliesWatched:
+    """The shared LLM as a session's replies call it: the gate counts each
+    reply request from its start to its first output (or its end)."""
+
+    def __init__(self, llm: LlmBackend, gate: PrefillGate) -> None:
+        self._llm = llm
+        self._gate = gate
+        self.name = llm.name
+
+    def stream_reply(
+        self,
+        messages: list[ChatMessage],
+        max_tokens: int,
+        temperature: float,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: ToolChoice = "auto",
+    ) -> AsyncIterator[str | ToolCall]:
+        stream = self._llm.stream_reply(messages, max_tokens, temperature, tools, tool_choice)
+        return self._watched(stream)
+
+    async def _watched(
+        self, stream: AsyncIterator[str | ToolCall]
+    ) -> AsyncIterator[str | ToolCall]:
+        # Runs from the first __anext__: a stream never iterated counts nothing.
+        self._gate.replies_waiting += 1
+        waiting = True
+        try:
+            async for output in stream:
+                if waiting:
+                    self._gate.replies_waiting -= 1
+                    waiting = False
+                yield output
+        finally:
+            if waiting:
+                self._gate.replies_waiting -= 1
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:  # closes the HTTP response: the server stops
+                await aclose()
+
+    async def prefill(self, messages: list[ChatMessage], tools: Sequence[ToolSpec] = ()) -> None:
+        await self._llm.prefill(messages, tools)
+
+    async def aclose(self) -> None:
+        """Nothing of its own: the engine closes the shared LLM."""
+
+
 class SessionPrefills:
     """One session's prefill requests."""
 
@@ -78,7 +127,7 @@ class SessionPrefills:
         self._gate = gate
         self._task: asyncio.Task[None] | None = None
         self._words: str | None = None  # the words last prefilled, this turn
-        self.words_shed = 0  # words prefills not sent: own one in flight, or the gate full
+        self.words_shed = 0  # words prefills not sent: own one in flight, or the gate refused
 
     @property
     def in_flight(self) -> bool:
@@ -88,21 +137,26 @@ class SessionPrefills:
         """The conversation so far: replaces any prefill in flight (the
         history has changed under it)."""
         self.cancel()
-        self._task = asyncio.create_task(self._send(messages, tools, None), name="llm-prefill")
+        self._task = asyncio.create_task(self._send(messages, tools), name="llm-prefill")
 
     def words(self, words: str, messages: list[ChatMessage], tools: Sequence[ToolSpec]) -> bool:
         """The user's words so far (``messages`` end with them): sent unless
         they were just prefilled, this session's prefill is still in flight,
-        or the gate is full. True when sent."""
+        or the gate refuses (full, or a reply waits for its first token).
+        True when sent."""
         if words == self._words:
             return False
         if self.in_flight or (self._gate is not None and not self._gate.try_enter()):
             self.words_shed += 1
             return False
         self._words = words
-        self._task = asyncio.create_task(
-            self._send(messages, tools, self._gate), name="llm-prefill-words"
-        )
+        task = asyncio.create_task(self._send(messages, tools), name="llm-prefill-words")
+        if self._gate is not None:
+            # On the task, not in it: a task cancelled before it first runs
+            # never enters its coroutine (nor its finally).
+            gate = self._gate
+            task.add_done_callback(lambda _: gate.leave())
+        self._task = task
         return True
 
     def cancel(self) -> None:
@@ -120,13 +174,8 @@ class SessionPrefills:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    async def _send(
-        self, messages: list[ChatMessage], tools: Sequence[ToolSpec], gate: PrefillGate | None
-    ) -> None:
+    async def _send(self, messages: list[ChatMessage], tools: Sequence[ToolSpec]) -> None:
         try:
             await self._llm.prefill(messages, tools)
         except Exception:  # an optimisation only: never fail the session for it
             log.debug("prefill failed", exc_info=True, extra={"session": self._session_id})
-        finally:
-            if gate is not None:
-                gate.leave()

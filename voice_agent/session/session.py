@@ -47,7 +47,7 @@ from voice_agent.session.ids import new_id
 from voice_agent.session.input import ManualTurnBuffer, TurnDetection
 from voice_agent.session.metrics import TurnMetrics, now
 from voice_agent.session.partials import PartialTranscripts
-from voice_agent.session.prefill import PrefillGate, SessionPrefills
+from voice_agent.session.prefill import PrefillGate, RepliesWatched, SessionPrefills
 from voice_agent.session.response import AudioOutput, PieceTag, ReplySettings, Response
 from voice_agent.session.tools import ToolRegistry
 from voice_agent.stages.turns import (
@@ -151,6 +151,13 @@ class VoiceSession:
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._live_responses: set[Response] = set()
         self._prefills = SessionPrefills(models.llm, self.id, config.prefill_gate)
+        # Replies are watched by the gate: no words prefill starts while one
+        # waits for its first token.
+        self._reply_llm: LlmBackend = (
+            RepliesWatched(models.llm, config.prefill_gate)
+            if config.prefill_gate is not None and config.prefill_partials
+            else models.llm
+        )
         # A reply asked for while a committed turn was still being transcribed.
         self._deferred_reply: asyncio.Task[None] | None = None
         self._generation = 0  # bumped by every new user turn: stale work checks it
@@ -452,7 +459,7 @@ class VoiceSession:
             response_id=new_id("resp"),
             item_id=new_id("item"),
             messages=messages,
-            llm=self.models.llm,
+            llm=self._reply_llm,
             tts=self.models.tts,
             output=self.output,
             conversation=self.conversation if request.in_conversation else None,
