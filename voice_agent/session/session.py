@@ -151,11 +151,13 @@ class VoiceSession:
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._live_responses: set[Response] = set()
         self._prefills = SessionPrefills(models.llm, self.id, config.prefill_gate)
-        # Replies are watched by the gate: no words prefill starts while one
-        # waits for its first token.
+        partials = config.partial_interval_ms > 0 and isinstance(models.stt, PartialTranscriber)
+        prefills_words = partials and config.prefill and config.prefill_partials
+        # With words prefills, replies are watched by the gate: none starts
+        # while a reply waits for its first token.
         self._reply_llm: LlmBackend = (
             RepliesWatched(models.llm, config.prefill_gate)
-            if config.prefill_gate is not None and config.prefill_partials
+            if prefills_words and config.prefill_gate is not None
             else models.llm
         )
         # A reply asked for while a committed turn was still being transcribed.
@@ -184,8 +186,9 @@ class VoiceSession:
         self.stt_latency = Samples()  # final transcripts: request to text
         self.speculations_shed = 0  # pauses not transcribed early: finals were waiting
         self._partials: PartialTranscripts | None = None
-        if config.partial_interval_ms > 0 and isinstance(models.stt, PartialTranscriber):
-            on_words = self._prefill_words if config.prefill and config.prefill_partials else None
+        if partials:
+            assert isinstance(models.stt, PartialTranscriber)
+            on_words = self._prefill_words if prefills_words else None
             self._partials = PartialTranscripts(
                 models.stt, config.partial_interval_ms, emit, self.id, on_words
             )
