@@ -11,7 +11,7 @@ import copy
 import json
 import socket
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -52,6 +52,8 @@ class ScriptedLlmServer:
         self.arrived = asyncio.Event()  # a request came in
         self._disconnect_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.url = ""
+        # Answers chosen by the request's body (when it gives one), before the queue.
+        self.script_for: Callable[[Json], Script | None] | None = None
 
     def wait_for_disconnects(self, count: int) -> asyncio.Future[None]:
         """Resolves once ``count`` clients in all have hung up mid-request."""
@@ -73,10 +75,13 @@ class ScriptedLlmServer:
         return [body for _, body in self.requests]
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append((request.path, await request.json()))
+        body = await request.json()
+        self.requests.append((request.path, body))
         self.authorizations.append(request.headers.get("Authorization"))
         self.arrived.set()
-        script = self.scripts.popleft() if self.scripts else Script(status=503)
+        script = self.script_for(body) if self.script_for is not None else None
+        if script is None:
+            script = self.scripts.popleft() if self.scripts else Script(status=503)
         try:
             return await self._play(request, script)
         except asyncio.CancelledError:

@@ -246,6 +246,12 @@ class Settings(BaseSettings):
         description="Send the conversation to the LLM ahead of each turn so its prompt cache is "
         "warm (default: on for the embedded server, off for remote endpoints, which may bill it).",
     )
+    llm_prefill_partials: bool | None = Field(
+        None,
+        description="With --llm-prefill, also prefill the user's words so far from each partial "
+        "transcript, so the reply's prompt only adds their last words (needs an STT with "
+        "partials, e.g. parakeet; default: on with --llm-prefill and chat-completions).",
+    )
     llm_timeout_s: float = Field(
         30.0, gt=0, description="Timeout for one whole LLM request (all of its stream)."
     )

@@ -36,6 +36,7 @@ from voice_agent.backends.stt_openai import HostedStt
 from voice_agent.backends.tts_openai import hosted as hosted_tts
 from voice_agent.config import Settings
 from voice_agent.cpu import run_in_inference_thread, set_inference_nice
+from voice_agent.session.prefill import PrefillGate
 from voice_agent.session.response import ReplySettings
 from voice_agent.session.session import Models, SessionConfig
 from voice_agent.session.tools import ToolRegistry
@@ -73,6 +74,7 @@ class Engine:
         self.model_name = links.model_name if links else settings.llm_model or MODEL_ALIAS
         self.llm_config: HttpLlmConfig | None = None  # the endpoint, once started
         self.tools: ToolRegistry | None = None
+        self.prefill_gate = PrefillGate()  # this process's sessions' words prefills
 
     @property
     def voice_name(self) -> str:
@@ -269,6 +271,17 @@ class Engine:
         s = self.settings
         return s.llm_prefill if s.llm_prefill is not None else s.llm_base_url is None
 
+    @property
+    def llm_prefill_partials(self) -> bool:
+        """Words prefills: by default wherever prefills are on, except with
+        the Responses API (its prefill generates 16 tokens, each time)."""
+        s = self.settings
+        if not self.llm_prefill:
+            return False
+        if s.llm_prefill_partials is not None:
+            return s.llm_prefill_partials
+        return s.llm_backend == "chat-completions"
+
     def session_config(self) -> SessionConfig:
         s = self.settings
         return SessionConfig(
@@ -291,6 +304,8 @@ class Engine:
             ),
             vad_floor_dbfs=s.vad_floor_dbfs,
             prefill=self.llm_prefill,
+            prefill_partials=self.llm_prefill_partials,
+            prefill_gate=self.prefill_gate,
             tools=self.tools,
             partial_interval_ms=self._partial_interval_ms(),
             stt_timeout_s=s.stt_timeout_s,

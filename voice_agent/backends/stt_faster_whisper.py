@@ -67,6 +67,10 @@ def without_restart(text: str, opening_words: int = 4) -> str:
 
 class FasterWhisperStt:
     name = "faster-whisper"
+    # Partials only when --stt-partial-interval-ms asks for them: on 2 cores
+    # Whisper base takes 0.2-0.46 s per transcription, so partials would
+    # keep a core busy per speaking caller (they are shed while finals wait).
+    default_partial_interval_ms = 0
 
     def __init__(
         self,
@@ -78,7 +82,10 @@ class FasterWhisperStt:
         batch_wait_ms: int = 10,
         max_speculative_batch: int = 2,
         parallel: int = 1,
+        partial_max_s: float = 8.0,
     ) -> None:
+        self._partial_max_samples = int(partial_max_s * 16000)
+        self._partials_too_long = 0
         path = whisper_weights.resolve(model)
         # Read by oneDNN when it creates its first primitive; a value the
         # operator set in the environment wins.
@@ -215,8 +222,20 @@ class FasterWhisperStt:
     async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
         return await self._worker.submit_partial(audio)
 
+    async def transcribe_partial(self, audio: np.ndarray) -> str | None:
+        """Speech in progress, at the speculative work's low priority; None
+        (skipped) when finals wait or the turn is past --stt-partial-max-s."""
+        if len(audio) > self._partial_max_samples:
+            self._partials_too_long += 1
+            return None
+        return await self._worker.submit_partial(audio)
+
     def stats(self) -> dict[str, object]:
-        return {"backend": self.name, **self._worker.stats.snapshot()}
+        return {
+            "backend": self.name,
+            **self._worker.stats.snapshot(),
+            "partial_too_long": self._partials_too_long,
+        }
 
     def close(self) -> None:
         self._worker.close()
@@ -232,4 +251,5 @@ def create(settings: Settings) -> FasterWhisperStt:
         batch_wait_ms=settings.stt_batch_wait_ms,
         max_speculative_batch=settings.stt_partial_max_batch,
         parallel=settings.stt_parallel or default_parallel(settings.stt_threads),
+        partial_max_s=settings.stt_partial_max_s,
     )

@@ -12,6 +12,11 @@ hypotheses agree on (local agreement), never the last word of the newest, and
 only while the words already sent are still their prefix. A revision of words
 already sent is not retracted; the ``...completed`` event that follows
 carries the authoritative transcript.
+
+``on_words`` (the LLM prefill of the words so far) is told every newest
+hypothesis but its last word: unlike a delta, a prefill may be revised at no
+cost but its few tokens, and it caches more when it does not wait for words
+to settle.
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ class PartialTranscripts:
         interval_ms: int,
         emit: Callable[[SessionEvent], None],
         session_id: str,
+        on_words: Callable[[str], None] | None = None,
     ) -> None:
         self._stt = stt
         self._interval_ms = interval_ms
         self._emit = emit
         self._session_id = session_id
+        self._on_words = on_words
         self._item_id: str | None = None
         self._sent: list[str] = []
         self._previous: list[str] = []  # the last hypothesis, in words
@@ -78,6 +85,8 @@ class PartialTranscripts:
             return  # skipped (model busy with finals) or a stale turn
         self.latency.add(time.monotonic() - started)
         words = text.split()
+        if self._on_words is not None and len(words) > 1:
+            self._on_words(" ".join(words[:-1]))  # the last word is often cut
         settled = _common_prefix(self._previous, words[:-1])
         self._previous = words
         if len(settled) <= len(self._sent) or settled[: len(self._sent)] != self._sent:

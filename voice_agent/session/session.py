@@ -47,6 +47,7 @@ from voice_agent.session.ids import new_id
 from voice_agent.session.input import ManualTurnBuffer, TurnDetection
 from voice_agent.session.metrics import TurnMetrics, now
 from voice_agent.session.partials import PartialTranscripts
+from voice_agent.session.prefill import PrefillGate, RepliesWatched, SessionPrefills
 from voice_agent.session.response import AudioOutput, PieceTag, ReplySettings, Response
 from voice_agent.session.tools import ToolRegistry
 from voice_agent.stages.turns import (
@@ -82,6 +83,11 @@ class SessionConfig:
     reply: ReplySettings
     vad_floor_dbfs: float = -50.0
     prefill: bool = False
+    # Also prefill the user's words so far, from each partial transcript
+    # (needs ``prefill`` and an STT with partials); the gate is shared by
+    # the process's sessions and sheds these prefills under load.
+    prefill_partials: bool = False
+    prefill_gate: PrefillGate | None = None
     tools: ToolRegistry | None = None  # server-side tools (--tools)
     partial_interval_ms: int = 0  # live partial transcripts (0 = off)
     # The longest a turn waits for its transcript: a model or server that
@@ -144,7 +150,16 @@ class VoiceSession:
         self._response: Response | None = None  # the reply being played
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._live_responses: set[Response] = set()
-        self._prefill_task: asyncio.Task[None] | None = None
+        self._prefills = SessionPrefills(models.llm, self.id, config.prefill_gate)
+        partials = config.partial_interval_ms > 0 and isinstance(models.stt, PartialTranscriber)
+        prefills_words = partials and config.prefill and config.prefill_partials
+        # With words prefills, replies are watched by the gate: none starts
+        # while a reply waits for its first token.
+        self._reply_llm: LlmBackend = (
+            RepliesWatched(models.llm, config.prefill_gate)
+            if prefills_words and config.prefill_gate is not None
+            else models.llm
+        )
         # A reply asked for while a committed turn was still being transcribed.
         self._deferred_reply: asyncio.Task[None] | None = None
         self._generation = 0  # bumped by every new user turn: stale work checks it
@@ -171,9 +186,11 @@ class VoiceSession:
         self.stt_latency = Samples()  # final transcripts: request to text
         self.speculations_shed = 0  # pauses not transcribed early: finals were waiting
         self._partials: PartialTranscripts | None = None
-        if config.partial_interval_ms > 0 and isinstance(models.stt, PartialTranscriber):
+        if partials:
+            assert isinstance(models.stt, PartialTranscriber)
+            on_words = self._prefill_words if prefills_words else None
             self._partials = PartialTranscripts(
-                models.stt, config.partial_interval_ms, emit, self.id
+                models.stt, config.partial_interval_ms, emit, self.id, on_words
             )
 
     # -- audio in ------------------------------------------------------------
@@ -445,7 +462,7 @@ class VoiceSession:
             response_id=new_id("resp"),
             item_id=new_id("item"),
             messages=messages,
-            llm=self.models.llm,
+            llm=self._reply_llm,
             tts=self.models.tts,
             output=self.output,
             conversation=self.conversation if request.in_conversation else None,
@@ -463,6 +480,7 @@ class VoiceSession:
             voice=self.voice if request.voice is None else request.voice,
         )
         self._live_responses.add(response)
+        self._prefills.cancel()  # the real request must not compete with a warm-up
         response.start()
         # Tracked until its tasks have stopped, not merely until it is
         # cancelled, so closing the session waits for them.
@@ -486,16 +504,18 @@ class VoiceSession:
         history window that slides pays for the whole history."""
         if not self.config.prefill or self._closed or self._ending:
             return
-        if self._prefill_task is not None:
-            self._prefill_task.cancel()
-        messages = self.conversation.messages_for("")
-        self._prefill_task = asyncio.create_task(self._prefill(messages), name="llm-prefill")
+        self._prefills.history(self.conversation.messages_for(""), self.tools)
 
-    async def _prefill(self, messages: list[ChatMessage]) -> None:
-        try:
-            await self.models.llm.prefill(messages, self.tools)
-        except Exception:  # an optimisation only: never fail the session for it
-            log.debug("prefill failed", exc_info=True, extra={"session": self.id})
+    def _prefill_words(self, words: str) -> None:
+        """A partial transcript of the turn in progress: the LLM processes
+        these words now, so the reply's prompt only adds the last few. Not
+        once the user has paused (the speculative reply's request follows
+        and must find the server free), nor for a turn that won't be answered."""
+        if self._closed or self._ending or self._item_id is None:
+            return
+        if self._speculation is not None or not self._answers_turns():
+            return
+        self._prefills.words(words, self.conversation.messages_for(words), self.tools)
 
     def _on_response_finished(self, response: Response) -> None:
         if response is self._response:
@@ -747,11 +767,8 @@ class VoiceSession:
         self._drop_speculation()
         if self._partials is not None:
             self._partials.stop()
-        tasks = [
-            *self._turn_tasks,
-            *([self._prefill_task] if self._prefill_task else []),
-            *([self._deferred_reply] if self._deferred_reply else []),
-        ]
+        await self._prefills.aclose()
+        tasks = [*self._turn_tasks, *([self._deferred_reply] if self._deferred_reply else [])]
         for task in tasks:
             task.cancel()
         for task in tasks:
