@@ -36,11 +36,12 @@ def frame_to_mono_int16(frame: av.AudioFrame) -> np.ndarray:
     return downmix_interleaved(samples.reshape(-1), channels)
 
 
-def stream_position(frame: av.AudioFrame) -> int:
+def stream_position(frame: av.AudioFrame, counted: int) -> int:
     """A decoded frame's timestamp at 16 kHz (aiortc stamps frames with
-    their RTP timestamp, in samples of the codec's clock)."""
+    their RTP timestamp, in samples of the codec's clock); a decoder that
+    stamps none gets ``counted``, the samples handed on so far."""
     if frame.pts is None:
-        return 0
+        return counted
     return int(frame.pts * STT_RATE // frame.sample_rate)
 
 
@@ -62,6 +63,7 @@ async def pump_inbound_audio(
     ``max_gap_s`` without a frame raises InboundAudioStopped."""
     resampler: StreamResampler | None = None
     flowing = False
+    counted = 0
     while True:
         try:
             if flowing and max_gap_s is not None:
@@ -78,4 +80,7 @@ async def pump_inbound_audio(
         mono = frame_to_mono_int16(frame)
         if resampler is None or resampler.in_rate != frame.sample_rate:
             resampler = StreamResampler(frame.sample_rate, STT_RATE, low_latency=True)
-        sink(resampler.process(mono), stream_position(frame))
+        samples = resampler.process(mono)
+        position = stream_position(frame, counted)
+        counted = position + len(samples)
+        sink(samples, position)
