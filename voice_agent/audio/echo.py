@@ -43,8 +43,10 @@ HISTORY_S = 2.0
 # source, a long loss) is lined up afresh.
 RESYNC_S = 1.0
 # How much earlier than the first inbound packet a later one may arrive
-# (inbound jitter) and still find its far-end reference already written.
-JITTER_MARGIN_S = 0.04
+# (inbound jitter) and still find its far-end reference already written;
+# the echo itself comes back later than that (aiortc's jitter buffer alone
+# holds about 80 ms).
+JITTER_MARGIN_S = 0.06
 # Far-end 10 ms chunks quieter than this (int16 RMS) count as nothing played.
 PLAYING_RMS = 30.0
 
@@ -60,6 +62,8 @@ class EchoStats:
     near_energy: float = 0.0  # sums of squares over the playing chunks
     out_energy: float = 0.0
     echo_detected: bool | None = None  # None: not judged yet
+    realigned: int = 0  # times the near end had gained on the far end
+    bridged_chunks: int = 0  # 10 ms of inbound audio missing, bridged with silence
 
     @property
     def removed_db(self) -> float | None:
@@ -74,6 +78,8 @@ class EchoStats:
             "echo_detected": self.echo_detected,
             "chunks": self.chunks,
             "playing_chunks": self.playing_chunks,
+            "realigned": self.realigned,
+            "bridged_chunks": self.bridged_chunks,
             "removed_db": None if removed is None else round(removed, 1),
         }
 
@@ -104,24 +110,38 @@ class EchoCanceller:
         self._to_16k = StreamResampler(48_000, RATE, low_latency=True)
         self._offset: int | None = None  # far-end position minus near-end position
         self._next_near: int | None = None  # where the next inbound audio should start
+        self._read_end: int | None = None  # far-end position up to which AEC3 has been fed
         self._pending = np.zeros(0, dtype=np.int16)
         self.presence = EchoPresence()
         self.stats = EchoStats()
 
     def played(self, samples_48k: np.ndarray, position_48k: int) -> None:
         """One outbound frame, as it leaves."""
-        self._far.write(position_48k // 3, self._to_16k.process(samples_48k))
+        position = position_48k // 3
+        if self._read_end is not None and self._offset is not None and position < self._read_end:
+            # AEC3 was fed this stretch as silence before it was sent: the
+            # near end has gained on the far end (a late first packet, the
+            # pacer running late, clock drift). Line them up again so the
+            # reference always comes before its echo.
+            shift = self._read_end - position + int(JITTER_MARGIN_S * RATE)
+            self._offset -= shift
+            self._read_end -= shift
+            self.stats.realigned += 1
+        self._far.write(position, self._to_16k.process(samples_48k))
 
     def process(self, near: np.ndarray, position: int) -> np.ndarray:
         """Inbound audio starting at stream ``position`` (16 kHz samples),
         echo removed. Whole 10 ms chunks come out; a remainder waits."""
-        if self._next_near is None or abs(position - self._next_near) > RESYNC_S * RATE:
-            # The first audio, or the caller's stream jumped (a new source,
-            # a long loss): line it up with what is being played now, less a
-            # margin for inbound jitter, so the reference is never read
-            # before it was written.
+        expected = self._next_near
+        if expected is None or not 0 <= position - expected <= RESYNC_S * RATE:
+            # The first audio, or the caller's stream jumped back or far (a
+            # new source): line it up with what is being sent now, less a
+            # margin for inbound jitter, so the reference comes first.
             self._offset = self._far_position() - position - int(JITTER_MARGIN_S * RATE)
             self._pending = np.zeros(0, dtype=np.int16)
+            self._read_end = None
+        elif position > expected:
+            self._bridge(expected - len(self._pending), position)
         self._next_near = position + len(near)
         start = position - len(self._pending)
         data = np.concatenate((self._pending, near)) if self._pending.size else near
@@ -132,18 +152,36 @@ class EchoCanceller:
         self._pending = data[whole:].copy()
         return np.concatenate(cleaned) if cleaned else np.zeros(0, dtype=np.int16)
 
-    def _process_chunk(self, near: np.ndarray, position: int) -> np.ndarray:
+    def _bridge(self, start: int, end: int) -> None:
+        """Inbound audio went missing (loss, a pause in sending): AEC3 still
+        gets the far end of the gap, in step, against silence, so its idea
+        of the delay holds when the audio resumes."""
+        self._pending = np.zeros(0, dtype=np.int16)
+        self.stats.bridged_chunks += (end - start) // CHUNK
+        silence = np.zeros(CHUNK, dtype=np.int16)
+        for at in range(start, end - CHUNK + 1, CHUNK):
+            self._cancel(self._far_chunk(at), silence)
+
+    def _far_chunk(self, near_position: int) -> np.ndarray:
         assert self._offset is not None
+        start = near_position + self._offset
+        self._read_end = start + CHUNK
+        return self._far.read(start, CHUNK)
+
+    def _cancel(self, far: np.ndarray, near: np.ndarray) -> np.ndarray:
         frame_type = self._rtc.AudioFrame
-        far = self._far.read(position + self._offset, CHUNK)
         self._apm.process_reverse_stream(frame_type(far.tobytes(), RATE, 1, CHUNK))
         frame = frame_type(near.astype(np.int16).tobytes(), RATE, 1, CHUNK)
         self._apm.process_stream(frame)
-        out = np.frombuffer(frame.data, dtype=np.int16).copy()
-        self._count(far, near, out)
+        return np.frombuffer(frame.data, dtype=np.int16).copy()
+
+    def _process_chunk(self, near: np.ndarray, position: int) -> np.ndarray:
+        far = self._far_chunk(position)
+        out = self._cancel(far, near)
         # AEC3 runs on every chunk, so it stays adapted, but its output is
         # used only where there may be echo (audio/echo_presence.py).
         self.presence.push(far, near)
+        self._count(far, near, out)
         return out if self.presence.cancel else near.astype(np.int16)
 
     def _count(self, far: np.ndarray, near: np.ndarray, out: np.ndarray) -> None:
@@ -157,3 +195,13 @@ class EchoCanceller:
         near_f, out_f = near.astype(np.float64), out.astype(np.float64)
         stats.near_energy += float(np.dot(near_f, near_f))
         stats.out_energy += float(np.dot(out_f, out_f))
+
+    def close(self) -> None:
+        """Release AEC3's native state now, not whenever the GC gets to it."""
+        self._apm._ffi_handle.dispose()
+
+
+def preload() -> None:
+    """Load the native library ahead of the first call that needs it (its
+    import takes ~0.2 s, which would stall the event loop mid-call)."""
+    _audio_processing().AudioProcessingModule(echo_cancellation=True)._ffi_handle.dispose()

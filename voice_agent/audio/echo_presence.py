@@ -5,11 +5,13 @@ two or three seconds of far-end audio it suppresses the near end hard
 (11-14 dB measured) in case it is echo. On a line with echo that is what
 stops the agent from interrupting itself; on a handset or headset, which
 returns no echo, it only hides the caller who talks over the agent's first
-reply. So the canceller's output is used only while there is reason to
-think there is echo: from the start (the safe default), and for the rest of
-the call once echo has been seen. Once enough of the agent's speech has
-gone out with nothing following it back, the caller's audio passes through
-untouched.
+reply (and measured offline, AEC3 still took 12 dB off such a caller
+after 3 s of its speech when they talked over it). So the canceller's
+output is used only while there is reason to think there is echo: from the
+start (the safe default), and for the rest of the call once echo has been
+seen. Once the agent has spoken for a while with the caller's end quiet and
+nothing following it back, the caller's audio passes through untouched
+(until echo shows up after all).
 
 Echo is recognised by its shape, not its level: the near end's loudness,
 frame by frame, follows the far end's a round trip later. The test is the
@@ -37,9 +39,13 @@ MIN_ACTIVE = 50
 ECHO_CORRELATION = 0.7
 SAME_DELAY = 4  # chunks (40 ms)
 ECHO_STREAK = 2
-# No echo: below this, three judgements (300 ms) running.
+# No echo: below this, three judgements (300 ms) running, and the caller's
+# end quiet (under FAR_ACTIVE_DB) through most of the agent's speech in the
+# window. A speakerphone's end is never quiet while the agent speaks, so a
+# poor correlation there (double talk, loss) can never pass for "no echo".
 NO_ECHO_CORRELATION = 0.5
 NO_ECHO_STREAK = 3
+QUIET_SHARE = 0.7
 
 
 def energy_db(chunk: np.ndarray) -> float:
@@ -87,9 +93,15 @@ class EchoPresence:
                 self.echo = True
         else:
             self._echo_streak, self._echo_lag = 0, None
-            self._quiet_streak = self._quiet_streak + 1 if correlation < NO_ECHO_CORRELATION else 0
+            quiet = correlation < NO_ECHO_CORRELATION and self._caller_quiet()
+            self._quiet_streak = self._quiet_streak + 1 if quiet else 0
             if self._quiet_streak >= NO_ECHO_STREAK:
                 self.echo = False
+
+    def _caller_quiet(self) -> bool:
+        far, near = self._far[-self._filled :], self._near[-self._filled :]
+        active = far >= FAR_ACTIVE_DB
+        return float(np.mean(near[active] < FAR_ACTIVE_DB)) >= QUIET_SHARE
 
     def _best_correlation(self) -> tuple[float, int] | None:
         """The best envelope correlation over the delays, and its delay."""

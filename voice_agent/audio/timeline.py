@@ -30,7 +30,9 @@ class AudioTimeline:
             # Unsent positions between writes are silence.
             gap = min(position - self._head, size)
             self._place(position - gap, np.zeros(gap, dtype=np.int16))
-        self._place(position, samples[-size:] if len(samples) > size else samples)
+        if len(samples) > size:  # only the newest part fits
+            position, samples = position + len(samples) - size, samples[-size:]
+        self._place(position, samples)
         end = position + len(samples)
         self._head = end if self._head is None else max(self._head, end)
 

@@ -125,7 +125,8 @@ class Call:
         self.codec = codecs[0].mimeType
         self.output.use_codec(self.codec)
         if self._cancels_echo():
-            self.echo = EchoCanceller(lambda: self.output.position() // 3)
+            self.echo = self._echo_canceller()
+        if self.echo is not None:
             self.output.on_samples_sent = self.echo.played
         dtmf.listen(transceiver.receiver, self._on_digit)
         loop = asyncio.get_running_loop()
@@ -144,9 +145,32 @@ class Call:
         # is often a speakerphone or desk phone that does not.
         return mode == "on" or (mode == "auto" and not self.codec.lower().endswith("/opus"))
 
+    def _echo_canceller(self) -> EchoCanceller | None:
+        try:
+            return EchoCanceller(lambda: self.output.position() // 3)
+        except Exception:
+            if self.settings.echo_cancel == "on":
+                raise  # asked for explicitly: the call fails, saying why
+            # auto: a phone call without echo cancellation beats no call.
+            log.exception("echo cancellation unavailable", extra={"call_id": self.id})
+            return None
+
     def _hear(self, samples: np.ndarray, position: int) -> None:
         echo = self.echo
-        self.session.push_audio(samples if echo is None else echo.process(samples, position))
+        if echo is not None:
+            try:
+                samples = echo.process(samples, position)
+            except Exception:  # a native failure mid-call: hear the caller as is
+                log.exception("echo cancellation failed", extra={"call_id": self.id})
+                self._stop_echo()
+        self.session.push_audio(samples)
+
+    def _stop_echo(self) -> None:
+        echo, self.echo = self.echo, None
+        self.output.on_samples_sent = None
+        if echo is not None:
+            with contextlib.suppress(Exception):
+                echo.close()
 
     # -- peer connection events -----------------------------------------------
     def _on_track(self, track: MediaStreamTrack) -> None:
@@ -292,6 +316,7 @@ class Call:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             self.output.stop()
+            self._stop_echo()
         finally:
             try:
                 await self.pc.close()

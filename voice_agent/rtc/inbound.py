@@ -42,6 +42,8 @@ def stream_position(frame: av.AudioFrame, counted: int) -> int:
     stamps none gets ``counted``, the samples handed on so far."""
     if frame.pts is None:
         return counted
+    if frame.time_base is not None:  # the RTP clock, which need not be the sample rate
+        return int(frame.pts * frame.time_base * STT_RATE)
     return int(frame.pts * STT_RATE // frame.sample_rate)
 
 

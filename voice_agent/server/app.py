@@ -21,6 +21,7 @@ from aiohttp import BodyPartReader, web
 from aiortc.sdp import SessionDescription
 
 from voice_agent import strict_json
+from voice_agent.audio import echo as echo_cancellation
 from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
@@ -539,6 +540,11 @@ def build_app(
     app = new_app(settings)
     restrict_host_addresses(settings.ice_host_addresses)
     decoder_hop.install()
+    if settings.echo_cancel != "off":
+        try:
+            echo_cancellation.preload()
+        except Exception:  # each call that needs it will say so
+            log.exception("echo cancellation unavailable")
     app[ENGINE] = engine
     app[CALLS] = CallRegistry(settings.max_calls)
     app[DRAINING] = []

@@ -236,7 +236,13 @@ async def get_call(request: web.Request) -> web.StreamResponse:
     worker = request.app[POOL].owner(call_id)
     if worker is None or call_id not in worker.live:
         return error_response(404, "call_not_found", "no such call")
-    return web.json_response({"id": call_id, "status": "active"})
+    if worker.http is None:
+        return web.json_response({"id": call_id, "status": "active"})
+    try:  # the worker that owns the call knows its details (echo cancellation)
+        async with worker.http.get(f"{worker.base_url}{CALLS_PATH}/{call_id}") as answer:
+            return await _relay(answer)
+    except aiohttp.ClientError:
+        return web.json_response({"id": call_id, "status": "active"})
 
 
 def _capacity(pool: WorkerPool) -> dict[str, Any]:
