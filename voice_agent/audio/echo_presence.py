@@ -73,12 +73,13 @@ class EchoPresence:
 
     def push(self, far: np.ndarray, near: np.ndarray) -> None:
         """One 10 ms chunk of each end, lined up as the canceller sees them."""
-        self._far = np.roll(self._far, -1)
-        self._near = np.roll(self._near, -1)
-        self._far[-1], self._near[-1] = energy_db(far), energy_db(near)
+        if self.echo is True:
+            return  # decided for the rest of the call
+        slot = self._count % WINDOW  # a ring: the oldest entry is overwritten
+        self._far[slot], self._near[slot] = energy_db(far), energy_db(near)
         self._filled = min(WINDOW, self._filled + 1)
         self._count += 1
-        if self.echo is True or self._count % EVERY:
+        if self._count % EVERY:
             return
         judged = self._best_correlation()
         if judged is None:
@@ -98,32 +99,46 @@ class EchoPresence:
             if self._quiet_streak >= NO_ECHO_STREAK:
                 self.echo = False
 
+    def _window(self) -> tuple[np.ndarray, np.ndarray]:
+        """The envelopes in the window, oldest first."""
+        if self._filled < WINDOW:
+            return self._far[: self._filled], self._near[: self._filled]
+        start = self._count % WINDOW
+        return np.roll(self._far, -start), np.roll(self._near, -start)
+
     def _caller_quiet(self) -> bool:
-        far, near = self._far[-self._filled :], self._near[-self._filled :]
+        far, near = self._window()
         active = far >= FAR_ACTIVE_DB
         return float(np.mean(near[active] < FAR_ACTIVE_DB)) >= QUIET_SHARE
 
     def _best_correlation(self) -> tuple[float, int] | None:
         """The best envelope correlation over the delays, and its delay."""
-        far, near = self._far[-self._filled :], self._near[-self._filled :]
+        far, near = self._window()
         # Judge only once enough of the agent's speech is old enough for its
         # echo to be back even at the longest delay: early on, only the short
         # delays could be tried, and a real echo would be missed.
         if int((far[: max(0, len(far) - MAX_LAG)] >= FAR_ACTIVE_DB).sum()) < MIN_ACTIVE:
             return None
-        best: tuple[float, int] | None = None
-        for lag in range(0, MAX_LAG + 1, LAG_STEP):
-            # The near end at t against the far end at t - lag.
-            sent = far[: len(far) - lag]
-            heard = near[lag:]
-            active = sent >= FAR_ACTIVE_DB
-            if int(active.sum()) < MIN_ACTIVE:
-                continue
-            a, b = sent[active], heard[active]
-            spread = float(a.std() * b.std())
-            value = (
-                0.0 if spread < 1e-6 else float(np.mean((a - a.mean()) * (b - b.mean())) / spread)
-            )
-            if best is None or value > best[0]:
-                best = (value, lag)
-        return best
+        # Every delay at once: row k pairs the near end at t with the far
+        # end at t - lags[k], for t over the same span (the window less the
+        # longest delay), counting only chunks where the agent spoke.
+        lags = np.arange(0, MAX_LAG + 1, LAG_STEP)
+        span = len(far) - MAX_LAG
+        sent = np.stack([far[MAX_LAG - lag : MAX_LAG - lag + span] for lag in lags])
+        heard = np.broadcast_to(near[MAX_LAG:], sent.shape)
+        active = sent >= FAR_ACTIVE_DB
+        counts = active.sum(axis=1)
+        usable = counts >= MIN_ACTIVE
+        if not usable.any():
+            return None
+        n = np.maximum(counts, 1)[:, None]
+        sent_mean = (sent * active).sum(axis=1, keepdims=True) / n
+        heard_mean = (heard * active).sum(axis=1, keepdims=True) / n
+        ds, dh = (sent - sent_mean) * active, (heard - heard_mean) * active
+        covariance = (ds * dh).sum(axis=1) / n[:, 0]
+        spread = np.sqrt((ds * ds).sum(axis=1) / n[:, 0] * (dh * dh).sum(axis=1) / n[:, 0])
+        # A near end that does not move at all (digital silence) is no echo.
+        values = np.where(usable & (spread > 1e-6), covariance / np.maximum(spread, 1e-6), 0.0)
+        values[~usable] = -1.0
+        best = int(np.argmax(values))
+        return float(values[best]), int(lags[best])
