@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 import pytest_asyncio
 
@@ -137,14 +138,22 @@ async def voices_call(
 
 
 def played_s(client: RealtimeClient, response_id: str) -> float:
-    """How long the reply's audio played: output_audio_buffer started to stopped."""
+    """How much of the reply's audio was heard, in seconds: the audible
+    frames received between output_audio_buffer started and stopped (not
+    the wall time between them, which stalls on a loaded machine stretch)."""
     times = {
         event["type"]: at
         for event, at in zip(client.events, client.event_times, strict=True)
         if event.get("response_id") == response_id
         and event["type"] in ("output_audio_buffer.started", "output_audio_buffer.stopped")
     }
-    return times["output_audio_buffer.stopped"] - times["output_audio_buffer.started"]
+    start, end = times["output_audio_buffer.started"], times["output_audio_buffer.stopped"]
+    received = client.received
+    return sum(
+        len(chunk) / 48_000
+        for chunk, at in zip(received.chunks, received.arrivals, strict=True)
+        if start <= at <= end + 0.2 and chunk.size and int(np.abs(chunk).max()) > 100
+    )
 
 
 def update_voice(client: RealtimeClient, voice: Any) -> asyncio.Future[dict[str, Any]]:
