@@ -142,7 +142,12 @@ async def barge_ins(
         if details_reason(response) == "turn_detected":
             result.cut += 1
         result.wer.append(word_error_rate(reference(BARGE_IN), transcript))
-        result.heard.append(f"{response['status']}/{details_reason(response)}: {transcript}")
+        async with http.get(client.call_url) as status:
+            echo_state = (await status.json()).get("echo_cancel") or {}
+        result.heard.append(
+            f"{response['status']}/{details_reason(response)}, echo detected: "
+            f"{echo_state.get('echo_detected')}: {transcript}"
+        )
         await settle(client)
     await client.hangup(http)
     return result
@@ -155,6 +160,7 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=3, help="quiet turns per echo level")
     parser.add_argument("--barge-ins", type=int, default=3, help="real barge-ins per setting")
     parser.add_argument("--levels", default="-12,-6,0", help="echo levels, dB")
+    parser.add_argument("--settings", default="off,on", help="--echo-cancel settings to run")
     args = parser.parse_args()
     levels = [float(x) for x in args.levels.split(",")]
     # The client runs below the server: its CPU is not the server's.
@@ -163,7 +169,7 @@ async def main() -> None:
     quiet_rows: list[list[object]] = []
     barge_rows: list[list[object]] = []
     heard_rows: list[list[object]] = []
-    for setting in ("off", "on"):
+    for setting in args.settings.split(","):
         server, url = await start_server("--echo-cancel", setting, "--llm-max-tokens", "120")
         try:
             async with aiohttp.ClientSession() as http:
