@@ -10,7 +10,11 @@ the end, and the caller can still interrupt.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -20,6 +24,7 @@ import pytest
 from tests.audio_data import goforward, librivox, reference, silence, word_error_rate
 from tests.conftest import ServerFactory
 from voice_agent.audio.echo import EchoCanceller
+from voice_agent.audio.echo_presence import EchoPresence
 from voice_agent.client import RealtimeClient, SimulatedEcho
 
 pytestmark = pytest.mark.e2e
@@ -42,6 +47,49 @@ async def ask(client: RealtimeClient, clip: str) -> tuple[float, asyncio.Future[
     done = client.wait_for_type("response.done", after=len(client.events))
     sent = await client.mic.play(np.concatenate((librivox(clip), silence(0.3))), RATE)
     return sent, done
+
+
+@dataclass
+class Reply:
+    """The events of one reply to come: its audio starting and ending, its response.done."""
+
+    playing: asyncio.Future[dict[str, Any]]
+    stopped: asyncio.Future[dict[str, Any]]
+    done: asyncio.Future[dict[str, Any]]
+
+    @classmethod
+    def after(cls, client: RealtimeClient, mark: int) -> Reply:
+        """The first reply to start after event ``mark``."""
+        playing = client.wait_for_type("output_audio_buffer.started", after=mark)
+
+        def of_it(*event_types: str) -> Callable[[dict[str, Any]], bool]:
+            def match(event: dict[str, Any]) -> bool:
+                if event.get("type") not in event_types or not playing.done():
+                    return False
+                if playing.cancelled():  # the test gave up waiting for it
+                    return False
+                wanted = playing.result()["response_id"]
+                response_id = event.get("response_id", event.get("response", {}).get("id"))
+                return bool(response_id == wanted)
+
+            return match
+
+        return cls(
+            playing,
+            # Stopped, or cleared: echo the canceller let through can still
+            # cut a reply short after its text was complete.
+            client.wait_for(
+                of_it("output_audio_buffer.stopped", "output_audio_buffer.cleared"), after=mark
+            ),
+            client.wait_for(of_it("response.done"), after=mark),
+        )
+
+
+async def next_reply(client: RealtimeClient, clip: str) -> Reply:
+    """Ask one question and return its reply's events."""
+    reply = Reply.after(client, len(client.events))
+    await client.mic.play(np.concatenate((librivox(clip), silence(0.3))), RATE)
+    return reply
 
 
 def turns_started_after(client: RealtimeClient, t: float) -> int:
@@ -107,46 +155,55 @@ async def test_the_caller_can_still_interrupt(
             "session": {"instructions": "Tell a long story in many short sentences."},
         }
     )
-    for clip in ("0930", "0890", "0920", "0870", "0930"):
-        mark = len(client.events)
-        playing = client.wait_for_type("output_audio_buffer.started", after=mark)
-        stopped = client.wait_for_type("output_audio_buffer.stopped", after=mark)
-        _, done = await ask(client, clip)
-        await asyncio.wait_for(playing, 30)
+    questions = itertools.cycle(("0930", "0890", "0920", "0870"))
+    reply = await next_reply(client, next(questions))
+    for _attempt in range(6):
+        await asyncio.wait_for(reply.playing, 30)
         # Into the reply, and its echo; on the handset, past the canceller's
         # judgement that there is none (about 1.4 s of the agent's speech).
         await asyncio.sleep(2.0)
-        if not done.done():
-            break  # still speaking: the caller can talk over it
-        # The small LLM told a short story this time: ask again.
-        await asyncio.wait_for(stopped, 10)
-    assert not done.done(), ("five replies in a row ended too soon", done.result())
-    transcribed = client.wait_for_type(
-        "conversation.item.input_audio_transcription.completed", after=len(client.events)
-    )
-    started = client.wait_for_type("input_audio_buffer.speech_started", after=len(client.events))
-    spoke = time.monotonic()
-    said = client.mic.play(np.concatenate((librivox("0880"), silence(0.3))), RATE)
-    await asyncio.wait_for(started, 5)
-    # Detected while the caller is still speaking (the clip is 3 s), not
-    # only after the reply is over.
-    assert time.monotonic() - spoke < 2.5
-    await said
-    response = (await asyncio.wait_for(done, 20))["response"]
+        if reply.done.done():
+            # The small LLM told a short story this time: ask again. (Not
+            # a reply the echo cut short: that is no story at all.)
+            assert reply.done.result()["response"]["status"] == "completed", reply.done.result()
+            await asyncio.wait_for(reply.stopped, 10)
+            reply = await next_reply(client, next(questions))
+            continue
+        mark = len(client.events)
+        transcribed = client.wait_for_type(
+            "conversation.item.input_audio_transcription.completed", after=mark
+        )
+        started = client.wait_for_type("input_audio_buffer.speech_started", after=mark)
+        following = Reply.after(client, mark)
+        spoke = time.monotonic()
+        said = client.mic.play(np.concatenate((librivox("0880"), silence(0.3))), RATE)
+        await asyncio.wait_for(started, 5)
+        # Detected while the caller is still speaking (the clip is 3 s), not
+        # only after the reply is over.
+        assert time.monotonic() - spoke < 2.5
+        await said
+        response = (await asyncio.wait_for(reply.done, 20))["response"]
+        if response["status"] == "completed":
+            # It ended on its own before the caller was heard (once 0.3 s
+            # into the caller's words, which took 0.34 s to detect): they
+            # are a question now, and its reply is the next try.
+            reply = following
+            continue
+        break
+    else:
+        pytest.fail("six replies in a row ended before the caller could talk over them")
     assert response["status"] == "cancelled", response
     assert response["status_details"]["reason"] == "turn_detected"
     heard = (await asyncio.wait_for(transcribed, 20))["transcript"]
-    async with http.get(client.call_url) as reply:
-        assert (await reply.json())["echo_cancel"]["echo_detected"] is speakerphone
+    async with http.get(client.call_url) as status:
+        assert (await status.json())["echo_cancel"]["echo_detected"] is speakerphone
     if speakerphone:
-        # Its first half second overlaps the echo of the reply being cut
-        # off (the echo lasts a round trip after the reply stops), and the
-        # canceller's double-talk suppression costs words there: 2 of 8
-        # wrong in most of bench/echo.py's barge-ins, the first four in
-        # some, and on a loaded machine Whisper has repeated the rest
-        # ("A young man, a young man, ..."). The words after the overlap
-        # must come through.
-        assert "young man" in heard.lower(), heard
+        # Its first half second overlaps the reply and its echo, and the
+        # canceller's double-talk suppression costs words there ("he was
+        # not an ill" heard as "and he'll" in 2 of 8 runs, "ill disposed"
+        # as "old supposed" in 2). The words after the overlap must come
+        # through (Whisper hears "young men" for them in about 1 of 4).
+        assert re.search(r"\byoung m[ae]n\b", heard.lower()), heard
     else:
         assert word_error_rate(reference("0880"), heard) <= 0.25, heard
     await client.hangup(http)
@@ -217,6 +274,14 @@ def run_canceller(
     return out, canceller
 
 
+def room_echo(far: np.ndarray, delay: int) -> np.ndarray:
+    """What a speakerphone sends back of ``far``: ``delay`` samples later,
+    6 dB down, through a direct path and three reflections within 40 ms."""
+    room = np.zeros(640)
+    room[[0, 112, 304, 528]] = [1.0, 0.45, -0.25, 0.12]
+    return np.concatenate((np.zeros(delay), np.convolve(far, room)[: len(far) - delay])) * 0.5
+
+
 def envelope(samples: np.ndarray) -> np.ndarray:
     frames = samples[: len(samples) // 160 * 160].astype(np.float64).reshape(-1, 160)
     return np.asarray(10 * np.log10(np.mean(frames**2, axis=1) + 1.0))
@@ -238,10 +303,8 @@ def test_recorded_speech_echo_is_removed_and_the_callers_voice_kept(
     first_late_frames: int, loss: float
 ) -> None:
     far = np.concatenate((librivox("0870"), librivox("0880"))).astype(np.float64)
-    room = np.zeros(640)
-    room[[0, 112, 304, 528]] = [1.0, 0.45, -0.25, 0.12]
     delay = int(0.2 * RATE)
-    echo = np.concatenate((np.zeros(delay), np.convolve(far, room)[: len(far) - delay])) * 0.5
+    echo = room_echo(far, delay)
     caller = np.zeros(len(far))
     words = goforward().astype(np.float64)
     at = 6 * RATE
@@ -298,10 +361,8 @@ def test_a_speakerphone_caller_talking_over_the_greeting_is_still_found_to_have_
     # Double talk before any judgement ("hello?" over the agent's first
     # words) must not pass for a line without echo.
     far = np.concatenate((librivox("0870"), librivox("0890"))).astype(np.float64)
-    room = np.zeros(640)
-    room[[0, 112, 304, 528]] = [1.0, 0.45, -0.25, 0.12]
     delay = int(0.15 * RATE)
-    echo = np.concatenate((np.zeros(delay), np.convolve(far, room)[: len(far) - delay])) * 0.5
+    echo = room_echo(far, delay)
     hello = goforward().astype(np.float64)
     caller = np.zeros(len(far))
     caller[int(0.3 * RATE) : int(0.3 * RATE) + len(hello)] = hello
@@ -310,3 +371,78 @@ def test_a_speakerphone_caller_talking_over_the_greeting_is_still_found_to_have_
     assert canceller.presence.echo is True
     after = slice(int(4.0 * RATE), len(far))
     assert level_db(near[after]) - level_db(out[after]) >= 20.0
+
+
+@pytest.mark.parametrize(("talks_at_s", "heard_for_s"), [(2.0, 1.0), (2.5, 0.6), (3.0, 1.0)])
+def test_a_caller_barging_in_on_a_clean_line_is_not_taken_for_echo(
+    talks_at_s: float, heard_for_s: float
+) -> None:
+    # A handset sends digital silence until the caller talks over the
+    # agent, who stops ``heard_for_s`` later. That step up in the near
+    # end's level once passed for echo (CI: echo_detected after a barge-in
+    # on a handset); the syllables of the two voices do not match.
+    agent = np.concatenate([librivox(clip) for clip in ("0930", "0890", "0920")])
+    words = librivox("0880")
+    at, cut = int(talks_at_s * RATE), int((talks_at_s + heard_for_s) * RATE)
+    far = np.zeros(at + len(words) + 2 * RATE, dtype=np.int16)
+    far[:cut] = agent[:cut]
+    near = np.zeros(len(far), dtype=np.int16)
+    near[at : at + len(words)] = words
+    presence = EchoPresence()
+    chunk = RATE // 100
+    for start in range(0, len(far) - chunk + 1, chunk):
+        presence.push(far[start : start + chunk], near[start : start + chunk])
+        assert presence.echo is not True, start / RATE
+    assert presence.echo is False
+
+
+def test_once_the_agent_has_stopped_and_its_echo_died_away_the_caller_passes_untouched() -> None:
+    # A speakerphone caller cuts the agent off. AEC3's suppression is slow
+    # to let go after the far end stops, and cost the caller's words that
+    # came after the overlap; once nothing has been played for longer than
+    # the echo takes to come back, there is no echo left to remove.
+    speech = np.concatenate((librivox("0870"), librivox("0890"))).astype(np.float64)
+    stop = 5 * RATE
+    far = np.zeros(stop + 4 * RATE)
+    far[:stop] = speech[:stop]
+    delay = int(0.2 * RATE)
+    echo = room_echo(far, delay)
+    words = librivox("0880").astype(np.float64)
+    at = stop - RATE // 2  # the caller starts half a second before the agent stops
+    caller = np.zeros(len(far))
+    caller[at : at + len(words)] = words
+    near = np.clip(echo + caller, -32768, 32767).astype(np.int16)
+    out, canceller = run_canceller(far.astype(np.int16), near, [1, 3, 1, 2] * 600)
+    assert canceller.presence.echo is True
+    # The echo alone, before the caller spoke, is still removed.
+    assert level_db(near[2 * RATE : at]) - level_db(out[2 * RATE : at]) >= 20.0
+    # The echo is back within its delay and dies away in the room's 40 ms:
+    # from then on (the delay found, plus the 200 ms allowed for the tail),
+    # the caller's words are passed as they came.
+    lag_s = canceller.presence.echo_delay_chunks / 100
+    untouched = stop + int((lag_s + 0.22) * RATE)
+    assert untouched < at + len(words) - RATE
+    after = slice(untouched, at + len(words))
+    np.testing.assert_array_equal(out[after], near[after])
+
+
+def test_a_word_played_while_the_caller_sent_nothing_is_still_cancelled() -> None:
+    # A phone sends nothing while its user is quiet (DTX). If the agent says
+    # one short word in such a gap, its echo comes back in the first packets
+    # after it, and must still be cancelled, not passed as the caller.
+    speech = librivox("0870").astype(np.float64)
+    far = np.zeros(9 * RATE)
+    far[: 4 * RATE] = speech[: 4 * RATE]
+    word = slice(6 * RATE, 6 * RATE + 4 * RATE // 10)  # 0.4 s of speech
+    far[word] = speech[4 * RATE : 4 * RATE + 4 * RATE // 10]
+    delay = int(0.2 * RATE)
+    echo = room_echo(far, delay)
+    near = np.clip(echo, -32768, 32767).astype(np.int16)
+    # Nothing from the caller from 5.5 s until just after the word ends.
+    gap = set(range(int(5.5 * RATE) // 320, word.stop // 320 + 1))
+    out, canceller = run_canceller(far.astype(np.int16), near, [1, 3, 1, 2] * 600, lost=gap)
+    assert canceller.presence.echo is True
+    assert canceller.stats.bridged_chunks == 2 * len(gap)
+    heard_back = slice((word.stop // 320 + 1) * 320, word.stop + delay + RATE // 10)
+    assert level_db(near[heard_back]) > 50.0
+    assert level_db(near[heard_back]) - level_db(out[heard_back]) >= 15.0

@@ -16,7 +16,13 @@ nothing following it back, the caller's audio passes through untouched
 Echo is recognised by its shape, not its level: the near end's loudness,
 frame by frame, follows the far end's a round trip later. The test is the
 correlation of the two 10 ms energy envelopes over the last two seconds,
-at the best of the delays up to 600 ms.
+at the best of the delays up to 600 ms, after each envelope has had its
+own 150 ms moving average taken away. What is left is the syllables' rise
+and fall, which an echo repeats. The level itself would also correlate
+with a caller who starts talking over the agent on a clean line: that is
+one step up in the near end's level, and whenever the agent happened to
+be louder after the step than before it, the plain envelopes gave 0.7-0.83
+(found as echo in 49 of 250 simulated barge-ins, and in a CI run).
 """
 
 from __future__ import annotations
@@ -33,9 +39,14 @@ EVERY = 10  # decide every 100 ms
 FAR_ACTIVE_DB = 40.0
 # Enough of the agent's speech in the window to judge by (half a second).
 MIN_ACTIVE = 50
-# Echo: envelopes this alike, at about the same delay, twice running (the
-# measured echo paths give 0.8-0.99; a caller talking over the agent on a
-# clean line gives up to about 0.5, at delays that wander).
+# The moving average taken from each envelope: 150 ms, about a syllable
+# (100 and 90 ms lost echoes under double talk in simulation, 250 ms let
+# barge-ins through again).
+SMOOTHING = 15
+# Echo: envelopes this alike, at about the same delay, twice running (in
+# simulation, 336 echo paths of -25 to 0 dB and 40-550 ms, some with the
+# caller talking over them, reached 0.84-0.98 at best; 442 barge-ins on a
+# clean line reached 0.62-0.68 at most, once, at delays that wander).
 ECHO_CORRELATION = 0.7
 SAME_DELAY = 4  # chunks (40 ms)
 ECHO_STREAK = 2
@@ -65,6 +76,12 @@ class EchoPresence:
         self._echo_lag: int | None = None  # delay of the last echo-like judgement
         self._echo_streak = 0
         self._quiet_streak = 0
+
+    @property
+    def echo_delay_chunks(self) -> int:
+        """How long the echo takes to come back, in 10 ms chunks: as found,
+        or the longest delay tried while none has been."""
+        return MAX_LAG if self._echo_lag is None or self.echo is not True else self._echo_lag
 
     @property
     def cancel(self) -> bool:
@@ -121,24 +138,30 @@ class EchoPresence:
             return None
         # Every delay at once: row k pairs the near end at t with the far
         # end at t - lags[k], for t over the same span (the window less the
-        # longest delay), counting only chunks where the agent spoke.
+        # longest delay). A delay counts only if the agent spoke for long
+        # enough in its rows; the correlation then runs over the whole span,
+        # silences included, which an echo follows too and a caller does not.
         lags = np.arange(0, MAX_LAG + 1, LAG_STEP)
         span = len(far) - MAX_LAG
-        sent = np.stack([far[MAX_LAG - lag : MAX_LAG - lag + span] for lag in lags])
-        heard = np.broadcast_to(near[MAX_LAG:], sent.shape)
-        active = sent >= FAR_ACTIVE_DB
-        counts = active.sum(axis=1)
-        usable = counts >= MIN_ACTIVE
-        if not usable.any():
-            return None
-        n = np.maximum(counts, 1)[:, None]
-        sent_mean = (sent * active).sum(axis=1, keepdims=True) / n
-        heard_mean = (heard * active).sum(axis=1, keepdims=True) / n
-        ds, dh = (sent - sent_mean) * active, (heard - heard_mean) * active
-        covariance = (ds * dh).sum(axis=1) / n[:, 0]
-        spread = np.sqrt((ds * ds).sum(axis=1) / n[:, 0] * (dh * dh).sum(axis=1) / n[:, 0])
+        far_shape, near_shape = _syllables(far), _syllables(near)
+        rows = [slice(MAX_LAG - lag, MAX_LAG - lag + span) for lag in lags]
+        usable = np.array([int((far[row] >= FAR_ACTIVE_DB).sum()) >= MIN_ACTIVE for row in rows])
+        sent = np.stack([far_shape[row] for row in rows])
+        heard = near_shape[MAX_LAG:]
+        sent = sent - sent.mean(axis=1, keepdims=True)
+        heard = heard - heard.mean()
+        covariance = sent @ heard / span
+        spread = np.sqrt((sent * sent).mean(axis=1) * float((heard * heard).mean()))
         # A near end that does not move at all (digital silence) is no echo.
-        values = np.where(usable & (spread > 1e-6), covariance / np.maximum(spread, 1e-6), 0.0)
+        values = np.where(spread > 1e-6, covariance / np.maximum(spread, 1e-6), 0.0)
+        # The longest delay's row is the span checked above, so at least
+        # one delay is usable and the best is a real judgement.
         values[~usable] = -1.0
         best = int(np.argmax(values))
         return float(values[best]), int(lags[best])
+
+
+def _syllables(envelope: np.ndarray) -> np.ndarray:
+    """An envelope less its own centred moving average (edges held)."""
+    padded = np.pad(envelope, (SMOOTHING // 2, SMOOTHING - SMOOTHING // 2 - 1), mode="edge")
+    return envelope - np.convolve(padded, np.ones(SMOOTHING) / SMOOTHING, mode="valid")
