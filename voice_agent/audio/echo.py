@@ -43,12 +43,20 @@ HISTORY_S = 2.0
 # source, a long loss) is lined up afresh.
 RESYNC_S = 1.0
 # How much earlier than the first inbound packet a later one may arrive
-# (inbound jitter) and still find its far-end reference already written;
-# the echo itself comes back later than that (aiortc's jitter buffer alone
-# holds about 80 ms).
-JITTER_MARGIN_S = 0.06
+# (inbound jitter) and still find its far-end reference already written.
+# The echo itself must come back later than that, or AEC3 sees it before
+# its reference: with packets handled as they arrive, a LAN phone's echo can
+# be back in 40 ms, so the margin is one packet; a later packet that gains
+# more is caught by the realignment in ``played``. Behind aiortc's playout
+# buffer (80 ms more on every echo) the call uses PLAYOUT_JITTER_MARGIN_S.
+JITTER_MARGIN_S = 0.02
+PLAYOUT_JITTER_MARGIN_S = 0.06
 # Far-end 10 ms chunks quieter than this (int16 RMS) count as nothing played.
 PLAYING_RMS = 30.0
+# Allowed after the echo's delay, in 10 ms chunks, before nothing is left of
+# it: 200 ms, for the room's reverberation and for a delay that has grown
+# since it was found (the phone's jitter buffer), which is not tracked.
+ECHO_TAIL_CHUNKS = 20
 
 INSTALL_HINT = "echo cancellation needs the livekit package: pip install 'livekit==1.2.1'"
 
@@ -102,16 +110,20 @@ class EchoCanceller:
     samples): the first inbound audio is anchored to it, and from then on
     the two streams stay lined up by position."""
 
-    def __init__(self, far_position: Callable[[], int]) -> None:
+    def __init__(
+        self, far_position: Callable[[], int], jitter_margin_s: float = JITTER_MARGIN_S
+    ) -> None:
         self._rtc = _audio_processing()
         self._apm = self._rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True)
         self._far_position = far_position
         self._far = AudioTimeline(int(HISTORY_S * RATE))
         self._to_16k = StreamResampler(48_000, RATE, low_latency=True)
+        self._margin = int(jitter_margin_s * RATE)
         self._offset: int | None = None  # far-end position minus near-end position
         self._next_near: int | None = None  # where the next inbound audio should start
         self._read_end: int | None = None  # far-end position up to which AEC3 has been fed
         self._pending = np.zeros(0, dtype=np.int16)
+        self._quiet_far_chunks = 0  # far-end chunks in a row with nothing played
         self.presence = EchoPresence()
         self.stats = EchoStats()
 
@@ -123,7 +135,7 @@ class EchoCanceller:
             # near end has gained on the far end (a late first packet, the
             # pacer running late, clock drift). Line them up again so the
             # reference always comes before its echo.
-            shift = self._read_end - position + int(JITTER_MARGIN_S * RATE)
+            shift = self._read_end - position + self._margin
             self._offset -= shift
             self._read_end -= shift
             self.stats.realigned += 1
@@ -137,7 +149,7 @@ class EchoCanceller:
             # The first audio, or the caller's stream jumped back or far (a
             # new source): line it up with what is being sent now, less a
             # margin for inbound jitter, so the reference comes first.
-            self._offset = self._far_position() - position - int(JITTER_MARGIN_S * RATE)
+            self._offset = self._far_position() - position - self._margin
             self._pending = np.zeros(0, dtype=np.int16)
             self._read_end = None
         elif position > expected:
@@ -160,7 +172,10 @@ class EchoCanceller:
         self.stats.bridged_chunks += (end - start) // CHUNK
         silence = np.zeros(CHUNK, dtype=np.int16)
         for at in range(start, end - CHUNK + 1, CHUNK):
-            self._cancel(self._far_chunk(at), silence)
+            far = self._far_chunk(at)
+            self._cancel(far, silence)
+            # What played in the gap echoes after it: it counts as played.
+            self._note_far(_playing(far))
 
     def _far_chunk(self, near_position: int) -> np.ndarray:
         assert self._offset is not None
@@ -179,17 +194,28 @@ class EchoCanceller:
         far = self._far_chunk(position)
         out = self._cancel(far, near)
         # AEC3 runs on every chunk, so it stays adapted, but its output is
-        # used only where there may be echo (audio/echo_presence.py).
+        # used only where there may be echo (audio/echo_presence.py), and
+        # not once nothing has been played for longer than the echo takes
+        # to come back: there is nothing to remove then, and AEC3's
+        # suppression, slow to let go after the agent stops, would cost
+        # the words of a caller who has just cut the agent off.
         self.presence.push(far, near)
-        self._count(far, near, out)
-        return out if self.presence.cancel else near.astype(np.int16)
+        playing = _playing(far)
+        self._count(near, out, playing)
+        self._note_far(playing)
+        echo_over = self._quiet_far_chunks > self.presence.echo_delay_chunks + ECHO_TAIL_CHUNKS
+        # (The raw audio skips AEC3's high-pass filter too: G.711 and Opus
+        # carry next to nothing below its 80 Hz.)
+        return out if self.presence.cancel and not echo_over else near.astype(np.int16)
 
-    def _count(self, far: np.ndarray, near: np.ndarray, out: np.ndarray) -> None:
+    def _note_far(self, playing: bool) -> None:
+        self._quiet_far_chunks = 0 if playing else self._quiet_far_chunks + 1
+
+    def _count(self, near: np.ndarray, out: np.ndarray, playing: bool) -> None:
         stats = self.stats
         stats.chunks += 1
         stats.echo_detected = self.presence.echo
-        far_f = far.astype(np.float64)
-        if float(np.sqrt(np.mean(far_f * far_f))) < PLAYING_RMS:
+        if not playing:
             return
         stats.playing_chunks += 1
         near_f, out_f = near.astype(np.float64), out.astype(np.float64)
@@ -199,6 +225,11 @@ class EchoCanceller:
     def close(self) -> None:
         """Release AEC3's native state now, not whenever the GC gets to it."""
         self._apm._ffi_handle.dispose()
+
+
+def _playing(far: np.ndarray) -> bool:
+    samples = far.astype(np.float64)
+    return float(np.sqrt(np.mean(samples * samples))) >= PLAYING_RMS
 
 
 def preload() -> None:
