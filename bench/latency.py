@@ -37,11 +37,19 @@ from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
 CLIPS = ["0880", "0930", "0890", "0920", "0870"]
 STAGES = [
     ("end_of_turn_delay_ms", "end of turn"),
+    ("stt_start_after_speech_end_ms", "STT start"),
     ("stt_final_after_speech_end_ms", "STT final"),
     ("llm_first_token_after_speech_end_ms", "LLM 1st token"),
+    ("first_piece_after_speech_end_ms", "1st piece cut"),
     ("tts_first_audio_after_speech_end_ms", "TTS 1st audio"),
     ("voice_to_voice_ms", "1st frame sent"),
     ("server_overhead_ms", "server overhead"),
+]
+# How long each stage itself ran (from its own start, not from the end of speech).
+DURATIONS = [
+    ("stt_ms", "STT run (queue + inference)"),
+    ("llm_ttft_ms", "LLM request -> 1st token"),
+    ("tts_first_audio_ms", "TTS piece -> 1st audio"),
 ]
 
 
@@ -224,6 +232,13 @@ async def main() -> None:
         if values:
             summary.append([f"server: {label}", f"{pct(values, 50):.0f}", f"{pct(values, 95):.0f}"])
     print("\n" + table(summary, ["ms after end of speech", "p50", "p95"]))
+    durations = []
+    for key, label in DURATIONS:
+        values = [t.server[key] for t in answered if key in t.server]
+        if values:
+            durations.append([label, f"{pct(values, 50):.0f}", f"{pct(values, 95):.0f}"])
+    if durations:
+        print("\n" + table(durations, ["stage duration ms", "p50", "p95"]))
     pacing = stats["pacing"]
     print(
         "\n"

@@ -35,8 +35,10 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -112,6 +114,18 @@ class Result:
     prompt_n: list[int] = field(default_factory=list)
 
 
+async def sse_chunks(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
+    """Each JSON chunk of a streamed Chat Completions request."""
+    async with http.post(url, json=body) as response:
+        response.raise_for_status()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
 async def reply(
     http: aiohttp.ClientSession, llm: OpenAIChatLlm, base_url: str, messages: list[ChatMessage]
 ) -> tuple[float, int]:
@@ -123,19 +137,13 @@ async def reply(
     started = time.perf_counter()
     first = 0.0
     prompt_n = -1
-    async with http.post(base_url + "/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            for choice in chunk.get("choices") or []:
-                if (choice.get("delta") or {}).get("content") and not first:
-                    first = time.perf_counter() - started
-            timings = chunk.get("timings")
-            if timings:
-                prompt_n = int(timings.get("prompt_n", -1))
+    async for chunk in sse_chunks(http, base_url + "/chat/completions", body):
+        for choice in chunk.get("choices") or []:
+            if (choice.get("delta") or {}).get("content") and not first:
+                first = time.perf_counter() - started
+        timings = chunk.get("timings")
+        if timings:
+            prompt_n = int(timings.get("prompt_n", -1))
     return first * 1000, prompt_n
 
 

@@ -76,6 +76,32 @@ async def test_a_request_cancelled_while_queued_never_runs() -> None:
     assert worker.stats.requests["cancelled"] == 1
 
 
+async def test_the_only_request_cancelled_while_waiting_for_the_thread_leaves_the_loop_alive(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Seen under load: a speculation dropped while its request waited for
+    # the busy thread; the loop then found nothing to gather and died.
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=8, max_wait_s=0.0)
+    try:
+        running = await hold(model, worker)
+        dropped = asyncio.create_task(worker.submit(2))
+        await asyncio.sleep(0.05)
+        loop_task = worker._task
+        dropped.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await dropped
+        model.gate.set()
+        assert await running == -2
+        await asyncio.sleep(0.05)  # the thread is free again, the queue empty
+        assert await worker.submit(3) == 6
+        assert worker._task is loop_task  # the same loop, not a restarted one
+    finally:
+        worker.close()
+    assert "batching loop died" not in caplog.text
+    assert model.batches == [[-1], [3]]
+
+
 async def test_finals_run_before_partials_and_partials_are_skipped_when_busy() -> None:
     model = Model()
     worker = BatchingWorker("t", model, max_batch=8, max_wait_s=0.0)

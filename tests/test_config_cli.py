@@ -65,6 +65,15 @@ def test_invalid_settings_are_a_clear_error(capsys: pytest.CaptureFixture[str]) 
     assert "max_calls" in capsys.readouterr().err
 
 
+def test_an_output_lead_the_buffer_cannot_hold_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--output-buffer-ms", "100", "--output-lead-ms", "100"]) == 2
+    assert (
+        "--output-lead-ms (100) must be under --output-buffer-ms (100)" in capsys.readouterr().err
+    )
+
+
 async def test_serve_starts_becomes_ready_and_stops_cleanly() -> None:
     port = free_port()
     process = await asyncio.create_subprocess_exec(

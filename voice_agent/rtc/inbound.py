@@ -2,7 +2,9 @@
 
 aiortc decodes Opus to 48 kHz interleaved stereo s16 frames, G.711 to 8 kHz
 mono. Each frame is down-mixed and run through this session's stateful
-resampler.
+resampler. With ``--input-opus-16k``, Opus decoded on the event loop
+(``decoder_hop``) arrives as 16 kHz mono already (``opus_wideband.DecodedAudio``)
+and is handed on as it is.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from voice_agent.audio.pcm import downmix_interleaved, float_to_int16
 from voice_agent.audio.resample import StreamResampler
+from voice_agent.rtc.opus_wideband import DecodedAudio
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ def frame_to_mono_int16(frame: av.AudioFrame) -> np.ndarray:
     return downmix_interleaved(samples.reshape(-1), channels)
 
 
-def stream_position(frame: av.AudioFrame, counted: int) -> int:
+def stream_position(frame: av.AudioFrame | DecodedAudio, counted: int) -> int:
     """A decoded frame's timestamp at 16 kHz (aiortc stamps frames with
     their RTP timestamp, in samples of the codec's clock); a decoder that
     stamps none gets ``counted``, the samples handed on so far."""
@@ -78,11 +81,17 @@ async def pump_inbound_audio(
         except TimeoutError:
             raise InboundAudioStopped(f"no audio from the peer for {max_gap_s:g} s") from None
         flowing = True
-        assert isinstance(frame, av.AudioFrame)
-        mono = frame_to_mono_int16(frame)
-        if resampler is None or resampler.in_rate != frame.sample_rate:
-            resampler = StreamResampler(frame.sample_rate, STT_RATE, low_latency=True)
-        samples = resampler.process(mono)
+        if isinstance(frame, DecodedAudio):  # decoded to mono, maybe at 16 kHz already
+            mono = frame.samples
+        else:
+            assert isinstance(frame, av.AudioFrame)
+            mono = frame_to_mono_int16(frame)
+        if frame.sample_rate == STT_RATE:
+            samples = mono
+        else:
+            if resampler is None or resampler.in_rate != frame.sample_rate:
+                resampler = StreamResampler(frame.sample_rate, STT_RATE, low_latency=True)
+            samples = resampler.process(mono)
         position = stream_position(frame, counted)
         counted = position + len(samples)
         sink(samples, position)

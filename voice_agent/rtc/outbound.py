@@ -17,6 +17,15 @@ its Python work (RTP, SRTP, a datagram). Timestamps keep counting wall-clock
 time and sequence numbers stay contiguous, so a receiver's jitter buffer
 sees a silence gap, not loss, and the first frame of a reply still leaves
 the moment it is written.
+
+With ``lead_frames`` (DTX only), the first frames of a reply that starts
+after DTX silence leave back to back, and the rest of the reply keeps that
+lead on the 20 ms schedule; their timestamps stay those of the wall clock.
+A receiver that holds packets back before it plays (aiortc's jitter buffer
+releases a frame once 4 more have arrived) then plays the reply's first
+frame the moment it arrives, not 80 ms later; one that plays by timestamp
+(a browser's NetEq) just holds a few more packets. The lead is given back
+in the DTX silence after the reply, so it never accumulates.
 """
 
 from __future__ import annotations
@@ -95,12 +104,23 @@ class PacedAudioTrack(MediaStreamTrack):
         buffer_ms: int = 200,
         clock: Callable[[], float] = time.monotonic,
         dtx: bool = False,
+        lead_frames: int = 0,
     ) -> None:
         super().__init__()
         self._clock = clock
         self._dtx = dtx
-        self._silent_slots = DTX_HANGOVER_FRAMES  # silence sent since the last audio
         self._capacity = max(2, buffer_ms // FRAME_MS)
+        if not 0 <= lead_frames < self._capacity:
+            raise ValueError(
+                f"lead_frames must be 0-{self._capacity - 1} for a {buffer_ms} ms buffer"
+            )
+        self._lead_frames = lead_frames
+        self._lead_left = 0  # frames of this reply that may still leave ahead of the clock
+        # Seconds the frames now leave ahead of their slots (at most the
+        # lead). Only sending moves: timestamps stay those of the wall clock,
+        # so a receiver (and the echo canceller) sees the same stream.
+        self._ahead = 0.0
+        self._silent_slots = DTX_HANGOVER_FRAMES  # silence sent since the last audio
         self._frames: deque[tuple[np.ndarray, Any]] = deque()
         self._pending = np.zeros(0, dtype=np.int16)
         self._pending_tag: Any = None
@@ -178,6 +198,7 @@ class PacedAudioTrack(MediaStreamTrack):
         self._frames.clear()
         self._pending = np.zeros(0, dtype=np.int16)
         self._pending_tag = None
+        self._lead_left = 0
         self._space.set()
         self._drained.set()
 
@@ -205,7 +226,15 @@ class PacedAudioTrack(MediaStreamTrack):
             self._start = now
         if self._dtx and not self._frames and self._silent_slots >= DTX_HANGOVER_FRAMES:
             now = await self._skip_silence(now)
-        due = self._start + self._index * FRAME_MS / 1000.0
+        due = self._start + self._index * FRAME_MS / 1000.0 - self._ahead
+        if self._lead_left > 0:
+            if self._frames and due > now:
+                # Sent now, not in its slot: the frames after it leave that much earlier too.
+                self._ahead += due - now
+                due = now
+                self._lead_left -= 1
+            elif not self._frames:
+                self._lead_left = 0  # the reply's audio ran out: no lead to take later
         if due > now:
             # While idle, audio arriving mid-slot goes out at once and the
             # schedule re-anchors on it: speech starts up to a frame sooner,
@@ -213,13 +242,14 @@ class PacedAudioTrack(MediaStreamTrack):
             woken_early = await self._sleep(due - now, interruptible=not self._frames)
             now = self._clock()
             if woken_early:
-                self._start = now - self._index * FRAME_MS / 1000.0
+                self._start = now + self._ahead - self._index * FRAME_MS / 1000.0
                 due = now
         late = max(0.0, now - due)
         # A stall counts at its full length, also one the clock restarts after.
         self.stats.record(late)
         if late > RESYNC_AFTER_S:
             self._start = now - self._index * FRAME_MS / 1000.0
+            self._ahead = 0.0
             self.stats.resyncs += 1
 
         if self._frames:
@@ -246,6 +276,7 @@ class PacedAudioTrack(MediaStreamTrack):
         is written. The slots slept through are never sent, but they count:
         the next packet's timestamp is the wall-clock time it leaves at."""
         assert self._start is not None
+        self._ahead = 0.0  # the silence gives a reply's lead back: keepalives keep their slots
         slot_s = FRAME_MS / 1000.0
         keepalive = -(-self._index // DTX_KEEPALIVE_FRAMES) * DTX_KEEPALIVE_FRAMES
         due = self._start + keepalive * slot_s
@@ -257,9 +288,11 @@ class PacedAudioTrack(MediaStreamTrack):
             self._index = keepalive
             return now
         # Audio arrived: it leaves now, in the slot that now falls in, and the
-        # schedule re-anchors on it (a shift of under one frame).
+        # schedule re-anchors on it (a shift of under one frame). Any lead the
+        # previous reply took is gone with the silence; this reply may take its own.
         self._index = max(self._index, int((now - self._start) / slot_s))
         self._start = now - self._index * slot_s
+        self._lead_left = self._lead_frames
         return now
 
     async def _sleep(self, delay: float, interruptible: bool) -> bool:

@@ -27,7 +27,7 @@ from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.loop_health import LoopHealthMonitor
 from voice_agent.realtime.protocol import ClientEventError
-from voice_agent.rtc import decoder_hop
+from voice_agent.rtc import decoder_hop, opus_wideband
 from voice_agent.rtc.call import Call, restrict_host_addresses
 from voice_agent.server.admission import (
     CALL_ID_PREFIX,
@@ -540,6 +540,8 @@ def build_app(
     app = new_app(settings)
     restrict_host_addresses(settings.ice_host_addresses)
     decoder_hop.install()
+    if settings.input_opus_16k:
+        opus_wideband.available()  # finds and loads libopus now, not in a call's answer
     if settings.echo_cancel != "off":
         try:
             echo_cancellation.preload()

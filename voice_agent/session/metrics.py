@@ -38,9 +38,12 @@ class TurnMetrics:
         return {
             "end_of_turn_delay_ms": _ms(self.turn_end, self.speech_end),
             "stt_ms": _ms(self.stt_done, self.stt_start),
+            # When STT began: the pause (speculation) or the end of turn.
+            "stt_start_after_speech_end_ms": _ms(self.stt_start, self.speech_end),
             "stt_final_after_speech_end_ms": _ms(self.stt_done, self.speech_end),
             "llm_ttft_ms": _ms(self.llm_first_token, self.llm_request),
             "llm_first_token_after_speech_end_ms": _ms(self.llm_first_token, self.speech_end),
+            "first_piece_after_speech_end_ms": _ms(self.first_piece, self.speech_end),
             "tts_first_audio_ms": _ms(self.tts_first_audio, self.tts_start),
             "tts_first_audio_after_speech_end_ms": _ms(self.tts_first_audio, self.speech_end),
             "voice_to_voice_ms": _ms(self.first_frame_sent, self.speech_end),

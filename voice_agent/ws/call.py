@@ -63,6 +63,7 @@ class WebSocketCall:
         self._trim_heap = settings.malloc_trim
         self._ws = ws
         self._on_closed = on_closed
+        # No lead: a WebSocket client plays deltas as they come, holding none back.
         self.output = PacedAudioTrack(buffer_ms=settings.output_buffer_ms, dtx=True)
         self.session = VoiceSession(models, session_config, self.output, self._on_session_event)
         self.output.on_audio_frame = self.session.frame_sent
