@@ -38,6 +38,32 @@ def test_history_is_trimmed_in_blocks_so_the_prompt_prefix_stays_stable() -> Non
     assert conversation.history[-1] == ChatMessage("assistant", "a11")
 
 
+def test_a_turns_prompt_holds_the_history_as_it_stands_once_the_words_join_it() -> None:
+    # The prefill of the next turn (empty words), the reply's prompt and the
+    # history the turn after sees must share their prefix on every turn, the
+    # ones that overflow the window included: the LLM server's cache holds it.
+    for window in (1, 2, 4):
+        conversation = Conversation("Be brief.", history_turns=window)
+        for turn in range(12):
+            prefill = conversation.messages_for("")
+            prompt = conversation.messages_for(f"q{turn}")
+            assert prompt[:-1] == prefill[:-1]
+            assert prompt[-1] == ChatMessage("user", f"q{turn}")
+            conversation.add_user(f"q{turn}")
+            assert prompt == conversation.prompt(conversation.history)
+            conversation.add_assistant(f"a{turn}")
+            assert conversation.prompt(conversation.history)[: len(prompt)] == prompt
+
+
+def test_without_history_the_prompt_is_the_words_alone() -> None:
+    conversation = Conversation("Be brief.", history_turns=0)
+    talk(conversation, 2)
+    assert conversation.messages_for("next") == [
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "next"),
+    ]
+
+
 def test_an_empty_reply_is_not_recorded() -> None:
     conversation = Conversation("", history_turns=2)
     conversation.add_user("hello")
