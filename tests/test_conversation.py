@@ -39,9 +39,10 @@ def test_history_is_trimmed_in_blocks_so_the_prompt_prefix_stays_stable() -> Non
 
 
 def test_a_turns_prompt_holds_the_history_as_it_stands_once_the_words_join_it() -> None:
-    # The prefill of the next turn (empty words), the reply's prompt and the
-    # history the turn after sees must share their prefix on every turn, the
-    # ones that overflow the window included: the LLM server's cache holds it.
+    # The prefill made once the last reply joined the history (empty words),
+    # the reply's prompt and the history once the words join it must share
+    # their prefix on every turn, the ones that overflow the window included:
+    # the LLM server's cache holds it.
     for window in (1, 2, 4):
         conversation = Conversation("Be brief.", history_turns=window)
         for turn in range(12):
@@ -52,7 +53,23 @@ def test_a_turns_prompt_holds_the_history_as_it_stands_once_the_words_join_it() 
             conversation.add_user(f"q{turn}")
             assert prompt == conversation.prompt(conversation.history)
             conversation.add_assistant(f"a{turn}")
-            assert conversation.prompt(conversation.history)[: len(prompt)] == prompt
+
+
+def test_every_prompt_holds_the_last_exchange_and_at_most_the_window() -> None:
+    for window in (1, 2, 4):
+        conversation = Conversation("", history_turns=window)
+        held = []
+        for turn in range(12):
+            prompt = conversation.messages_for(f"q{turn}")
+            if turn:
+                assert prompt[-3:-1] == [
+                    ChatMessage("user", f"q{turn - 1}"),
+                    ChatMessage("assistant", f"a{turn - 1}"),
+                ]
+            held.append((len(prompt) - 1) // 2)
+            conversation.add_user(f"q{turn}")
+            conversation.add_assistant(f"a{turn}")
+        assert max(held) == window  # the window's every past turn, on some turns
 
 
 def test_without_history_the_prompt_is_the_words_alone() -> None:

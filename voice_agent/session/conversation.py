@@ -87,13 +87,14 @@ class Conversation:
         words join it, trimmed if they overflow the window: the prompt (and so
         the prefill of the next turn, made with empty words) then starts with
         what the LLM server will see on the turns that follow, and its cache
-        holds. Trimmed only once the words were added, the prefix changed
-        under the reply every third turn, and the whole history was processed
-        again on its critical path (130-170 tokens, 0.5-0.6 s on 2 cores)."""
+        holds. (The history used to be cut when the words were added, after
+        the prefill: every third turn the LLM processed the whole history
+        again on the reply's critical path, 130-170 tokens, 0.5-0.6 s on 2
+        cores.)"""
         if user_text is None:
             return self.prompt(self.history, instructions)
         user = _Entry(ChatMessage("user", user_text))
-        # The newest entries are kept: the words themselves, unless there is no history.
+        # The words are the newest entry: always kept.
         history = [e.message for e in _trimmed([*self._entries, user], self.history_turns)[:-1]]
         return self.prompt([*history, user.message], instructions)
 
@@ -220,11 +221,14 @@ class Conversation:
 
 
 def _trimmed(entries: list[_Entry], history_turns: int) -> list[_Entry]:
-    """``entries`` within a window of ``history_turns`` turns: past it, only
-    the newer half is kept (see Conversation)."""
-    if len(entries) <= history_turns * 2:
+    """``entries`` within a window of ``history_turns`` past turns plus the
+    newest words: past it, only the newer half is kept (see Conversation).
+    The window counts the words apart, so a reply's prompt holds every past
+    turn of the window, and the history is cut when the reply that overflows
+    it is added: before the next turn's prefill, so the two agree."""
+    if len(entries) <= history_turns * 2 + 1:
         return entries
-    kept = entries[len(entries) - history_turns :] if history_turns else []
+    kept = entries[len(entries) - history_turns - 1 :]
     # Never start the history with a reply to a question it no longer holds.
     while kept and kept[0].message.role != "user":
         kept = kept[1:]
