@@ -382,8 +382,8 @@ class VoiceSession:
             if response is not None:
                 response.cancel("superseded")
             return
-        if response is None:
-            response = self._new_response(text, metrics)
+        if response is None:  # the words are in the history now: not sent twice
+            response = self._new_response(None, metrics)
         self._play(response)
 
     async def _transcribe_turn(

@@ -1,0 +1,86 @@
+"""The prompt a spoken turn is answered with, over a real WebRTC call (real
+STT, a scripted LLM server that records every request)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from tests import conftest
+from tests.audio_data import librivox, silence
+from tests.realtime_events import appended_audio
+from tests.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    chat_text,
+    close_quietly,
+    engine_with_llm,
+    make_llm,
+    scripted_llm_server,
+)
+from voice_agent.backends.base import SttBackend
+from voice_agent.client import RealtimeClient
+from voice_agent.engine import Engine
+
+pytestmark = pytest.mark.e2e
+
+
+class SheddingStt:
+    """The shared Whisper with every speculative request shed, as when other
+    callers' finals wait: each turn is transcribed only once it has ended."""
+
+    def __init__(self, stt: SttBackend) -> None:
+        self._stt = stt
+        self.shed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stt, name)
+
+    async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
+        self.shed += 1
+        return None
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[ScriptedLlmServer]:
+    async with scripted_llm_server() as server:
+        yield server
+
+
+async def test_a_turn_answered_without_speculation_sends_its_words_once(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    assert engine.models is not None
+    stt = SheddingStt(engine.models.stt)
+    llm = make_llm("chat-completions", peer.base_url)
+    scripted = engine_with_llm(engine, llm, llm_prefill=False)
+    scripted.models = replace(engine.models, llm=llm, stt=stt)  # type: ignore[arg-type]
+    try:
+        async with conftest.run_server(conftest.test_settings(), scripted) as server:
+            client = RealtimeClient(server.url)
+            await client.connect(http)
+            await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+            for turn in range(2):
+                peer.add(Script(chat_text(f"Reply {turn}.")))
+                mark = len(client.events)
+                done = client.wait_for_type("response.done", after=mark)
+                for event in appended_audio(np.concatenate((librivox("0930"), silence(1.0)))):
+                    client.send(event)
+                assert (await asyncio.wait_for(done, 30))["response"]["status"] == "completed"
+            await client.hangup(http)
+            await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+    finally:
+        await close_quietly(llm)
+    assert stt.shed >= 2
+    first, second = ([(m["role"], m["content"]) for m in b["messages"]] for b in peer.bodies())
+    heard = first[-1][1]
+    assert "amiable" in heard
+    assert [role for role, _ in first] == ["system", "user"]
+    # The second turn's prompt: the first exchange, then its own words, once each.
+    assert second[1:] == [("user", heard), ("assistant", "Reply 0."), ("user", heard)]
