@@ -55,10 +55,3 @@ def test_flush_returns_the_unterminated_tail() -> None:
     assert chunker.push("no punctuation at all") == []
     assert chunker.flush() == ["no punctuation at all"]
     assert chunker.flush() == []
-
-
-def test_the_first_piece_leaves_as_soon_as_its_last_word_is_complete() -> None:
-    chunker = TextChunker()
-    assert chunker.push("This is a classic example") == []  # "example" may go on
-    assert chunker.push(" ") == ["This is a classic example"]
-    assert chunker.push("of how") == []

@@ -93,11 +93,10 @@ class TextChunker:
             if len(self._buffer[: match.start()].split()) >= min_words:
                 return match.end()
         if self._emitted == 0:
-            # Cut after first_max_words complete words, as soon as the last of
-            # them is complete (whitespace follows it): the piece is the same
-            # as one cut a word later, and leaves a token or two sooner.
+            # Cut after first_max_words complete words (a word is complete once
+            # whitespace follows it).
             words = list(re.finditer(r"\S+\s", self._buffer))
-            if len(words) >= self._first_max_words:
+            if len(words) > self._first_max_words:
                 return words[self._first_max_words - 1].end()
         return None
 
