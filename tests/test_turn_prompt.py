@@ -60,7 +60,7 @@ async def test_a_turn_answered_without_speculation_sends_its_words_once(
     stt = SheddingStt(engine.models.stt)
     llm = make_llm("chat-completions", peer.base_url)
     scripted = engine_with_llm(engine, llm, llm_prefill=False)
-    scripted.models = replace(engine.models, llm=llm, stt=stt)  # type: ignore[arg-type]
+    scripted.models = replace(engine.models, llm=llm, stt=stt)
     try:
         async with conftest.run_server(conftest.test_settings(), scripted) as server:
             client = RealtimeClient(server.url)
