@@ -81,6 +81,26 @@ def test_without_history_the_prompt_is_the_words_alone() -> None:
     ]
 
 
+def test_tool_rounds_never_leave_a_call_or_result_without_its_question() -> None:
+    # Each call and result is added on its own, and each add may cut: the cut
+    # is always at a user's words, and an exchange that fills the window
+    # (several tool rounds) is kept whole until the next words come.
+    for window in (1, 2, 4):
+        conversation = Conversation("", history_turns=window)
+        for turn in range(8):
+            conversation.add_user(f"q{turn}")
+            for round_ in range(3 if turn % 2 else 1):
+                call = ToolCall(f"call_{turn}_{round_}", "lookup", "{}")
+                conversation.add(ChatMessage("assistant", "", tool_calls=(call,)))
+                conversation.add(ChatMessage("tool", "found", tool_call_id=call.call_id))
+            conversation.add_assistant(f"a{turn}")
+            history = conversation.history
+            assert history[0].role == "user"
+            called = {c.call_id for m in history for c in m.tool_calls}
+            assert all(m.tool_call_id in called for m in history if m.role == "tool")
+            assert history[-1] == ChatMessage("assistant", f"a{turn}")
+
+
 def test_an_empty_reply_is_not_recorded() -> None:
     conversation = Conversation("", history_turns=2)
     conversation.add_user("hello")

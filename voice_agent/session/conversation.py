@@ -226,10 +226,14 @@ def _trimmed(entries: list[_Entry], history_turns: int) -> list[_Entry]:
     The window counts the words apart, so a reply's prompt holds every past
     turn of the window, and the history is cut when the reply that overflows
     it is added: before the next turn's prefill, so the two agree."""
+    if not history_turns:
+        return []
     if len(entries) <= history_turns * 2 + 1:
         return entries
-    kept = entries[len(entries) - history_turns - 1 :]
-    # Never start the history with a reply to a question it no longer holds.
-    while kept and kept[0].message.role != "user":
-        kept = kept[1:]
-    return kept
+    users = [i for i, entry in enumerate(entries) if entry.message.role == "user"]
+    start = len(entries) - history_turns - 1
+    # The cut is always at a user's words: never a reply, a tool call or a
+    # tool result to a question the history no longer holds. When the last
+    # exchange alone fills the window (tool rounds), it is kept whole.
+    at = next((i for i in users if i >= start), users[-1] if users else len(entries))
+    return entries[at:]
