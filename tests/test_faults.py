@@ -321,11 +321,14 @@ async def test_stt_failing_on_a_turn_is_apologised_for_and_the_next_turn_heard(
                 assert other["status"] == "completed", other
                 (heard,) = b.of_type("conversation.item.input_audio_transcription.completed")
                 assert word_error_rate(reference("0930"), heard["transcript"]) <= 0.2
-                # The same caller's next turn is heard and answered.
-                again = await asyncio.wait_for(say(a, librivox("0880")), 30)
+                # The same caller's next turn is heard and answered. (Not
+                # 0880: Whisper base hears its "ill disposed" as "old
+                # supposed" now and then on either decoding path, two
+                # errors in seven words; bench/opus_decode_wer.py.)
+                again = await asyncio.wait_for(say(a, librivox("0890")), 30)
                 assert again["status"] == "completed", again
                 heard_again = a.of_type("conversation.item.input_audio_transcription.completed")
-                assert word_error_rate(reference("0880"), heard_again[-1]["transcript"]) <= 0.2
+                assert word_error_rate(reference("0890"), heard_again[-1]["transcript"]) <= 0.2
                 assert_on_time(call_of(server, a), call_of(server, b))
                 if fault == "hang":
                     # Given up on, not left pending: the request was cancelled.

@@ -430,11 +430,12 @@ class Settings(BaseSettings):
         "(off: on the event loop, where a 20 ms frame costs less than the hop to a thread).",
     )
     input_opus_16k: bool = Field(
-        False,
+        True,
         description="Decode the caller's Opus with libopus straight to 16 kHz mono, what the "
-        "VAD and STT take: idle calls cost a third less CPU (bench/idle.py), but Whisper heard "
-        "one test recording differently, so it is not the default yet (off: FFmpeg's 48 kHz "
-        "stereo, down-mixed and decimated; either way only with the decoder on the event loop).",
+        "VAD and STT take: an idle call costs a third less CPU (bench/idle.py) and Whisper's "
+        "word error rate is the same as on the 48 kHz path (bench/opus_decode_wer.py). Off: "
+        "FFmpeg's 48 kHz stereo, down-mixed and decimated. Either way only with the decoder "
+        "on the event loop (not --input-decoder-thread).",
     )
     tts_stream_first_piece: bool = Field(
         True,
