@@ -36,7 +36,7 @@ from voice_agent.backends.llm_weights import weights_for
 from voice_agent.backends.stt_openai import HostedStt
 from voice_agent.backends.tts_openai import hosted as hosted_tts
 from voice_agent.config import Settings
-from voice_agent.cpu import run_in_inference_thread, set_inference_nice
+from voice_agent.cpu import default_threads, run_in_inference_thread, set_inference_nice
 from voice_agent.session.prefill import PrefillGate
 from voice_agent.session.response import ReplySettings
 from voice_agent.session.session import Models, SessionConfig
@@ -211,7 +211,9 @@ class Engine:
                 model_path,
                 s.llama_threads,
                 s.llama_ctx,
-                batch_threads=s.llama_batch_threads,
+                # Prompts are one big batch, no per-token barrier to stall:
+                # every core, as generation never gets more.
+                batch_threads=s.llama_batch_threads or max(s.llama_threads, default_threads(8)),
                 nice=s.inference_nice if s.llama_nice is None else s.llama_nice,
                 poll=s.llama_poll,
                 command=shlex.split(s.llama_server_command) if s.llama_server_command else None,
