@@ -140,13 +140,20 @@ def _to_48k_frames(samples: np.ndarray) -> list[np.ndarray]:
     return [wide[i : i + FRAME] for i in range(0, len(wide), FRAME)]
 
 
-def encode_aiortc(samples: np.ndarray) -> list[bytes]:
-    encoder = OpusEncoder()
-    packets: list[bytes] = []
+def _audio_frames(samples: np.ndarray) -> list[av.AudioFrame]:
+    frames = []
     for pts, chunk in enumerate(_to_48k_frames(samples)):
         frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate, frame.pts = OPUS_RATE, pts * FRAME
         frame.time_base = fractions.Fraction(1, OPUS_RATE)
+        frames.append(frame)
+    return frames
+
+
+def encode_aiortc(samples: np.ndarray) -> list[bytes]:
+    encoder = OpusEncoder()
+    packets: list[bytes] = []
+    for frame in _audio_frames(samples):
         packets += encoder.encode(frame)[0]
     return packets
 
@@ -160,10 +167,7 @@ def encode_browser_like(samples: np.ndarray) -> list[bytes]:
     codec.time_base = fractions.Fraction(1, OPUS_RATE)
     codec.options = {"application": "voip", "frame_duration": "20"}
     packets: list[bytes] = []
-    for pts, chunk in enumerate(_to_48k_frames(samples)):
-        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate, frame.pts = OPUS_RATE, pts * FRAME
-        frame.time_base = fractions.Fraction(1, OPUS_RATE)
+    for frame in _audio_frames(samples):
         packets += [bytes(p) for p in codec.encode(frame)]
     packets += [bytes(p) for p in codec.encode(None)]
     return packets
