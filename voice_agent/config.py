@@ -11,12 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from voice_agent.cpu import (
-    available_cores,
-    default_generation_threads,
-    default_max_calls,
-    default_threads,
-)
+from voice_agent.cpu import available_cores, default_max_calls, default_threads
 
 
 class Settings(BaseSettings):
@@ -322,11 +317,11 @@ class Settings(BaseSettings):
         "(bench/llm_weights.py). Not applied to --llama-model-path.",
     )
     llama_threads: int = Field(
-        default_factory=lambda: default_generation_threads(8),
+        default_factory=lambda: default_threads(8),
         ge=1,
-        description="Embedded llama.cpp generation threads (default: the available cores but "
-        "one, at least 1, at most 8: a token's barriers wait on any thread the rest of the "
-        "service preempts).",
+        description="Embedded llama.cpp generation threads (default: the available cores, at "
+        "most 8). On 2 cores, 1 thread was faster on an Intel Xeon and slower on an AMD EPYC "
+        "(README, the generation-threads lever): measure before changing it.",
     )
     llama_batch_threads: int | None = Field(
         None,

@@ -60,18 +60,6 @@ def default_threads(cap: int) -> int:
     return max(1, min(available_cores(), cap))
 
 
-def default_generation_threads(cap: int) -> int:
-    """Threads for an LLM's token-by-token generation: every core but one,
-    up to ``cap``. A generated token is a few hundred small operations, each
-    ending in a barrier of all its threads; when anything else in the
-    service runs (the media path, the HTTP thread that streams the token,
-    the TTS), one thread is preempted and the whole step waits for it. On
-    2 cores, 1 thread cut a reply's first piece from 190-300 ms after its
-    first token to 110-125 ms (bench/latency.py, README), though alone it
-    generates at 18 against 11 ms a token."""
-    return max(1, min(available_cores() - 1, cap))
-
-
 def default_parallel(threads_per_job: int) -> int:
     """Jobs one model runs at once: as many as the cores hold side by side."""
     return max(1, available_cores() // max(1, threads_per_job))
