@@ -126,7 +126,8 @@ async def test_the_echo_canceller_lets_a_reply_play_out_on_a_speakerphone(
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
 
 
-# The reply the caller talks over: long enough (about 25 s of speech) that
+# The reply the caller talks over: 105 words in 22 short sentences, far
+# longer than the 2 s the test waits and the 3 s the caller then talks, so
 # it is always still playing when they do, whatever the test's timing. The
 # small embedded LLM sometimes told a story of a few seconds and ended first
 # (CI failed so on a handset, six replies in a row).
