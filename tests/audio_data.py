@@ -55,8 +55,28 @@ def word_error_rate(reference_text: str, hypothesis: str) -> float:
 
 def speech_bounds(samples: np.ndarray, threshold_db: float = -35.0) -> tuple[float, float]:
     """First and last 10 ms window (in seconds) louder than ``threshold_db``."""
+    loud = np.nonzero(_levels_db(samples) > threshold_db)[0]
+    return loud[0] / 100.0, (loud[-1] + 1) / 100.0
+
+
+def _levels_db(samples: np.ndarray) -> np.ndarray:
     window = RATE // 100
     frames = samples[: len(samples) // window * window].reshape(-1, window).astype(np.float64)
-    level = 10 * np.log10(np.mean(frames**2, axis=1) / 32768.0**2 + 1e-12)
-    loud = np.nonzero(level > threshold_db)[0]
-    return loud[0] / 100.0, (loud[-1] + 1) / 100.0
+    levels: np.ndarray = 10 * np.log10(np.mean(frames**2, axis=1) / 32768.0**2 + 1e-12)
+    return levels
+
+
+def with_pause(samples: np.ndarray, pause_s: float, threshold_db: float = -35.0) -> np.ndarray:
+    """The recording with a pause of ``pause_s`` in the middle of it: the
+    quietest gap between words in its middle fifth (every 10 ms window
+    there below ``threshold_db``) becomes exactly ``pause_s`` of silence."""
+    levels = _levels_db(samples)
+    middle = slice(len(levels) * 2 // 5, len(levels) * 3 // 5)
+    quietest = middle.start + int(np.argmin(levels[middle]))
+    start, end = quietest, quietest + 1
+    while start > 0 and levels[start - 1] < threshold_db:
+        start -= 1
+    while end < len(levels) and levels[end] < threshold_db:
+        end += 1
+    window = RATE // 100
+    return np.concatenate((samples[: start * window], silence(pause_s), samples[end * window :]))

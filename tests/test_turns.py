@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.audio_data import goforward, librivox, silence, speech_bounds
+from tests.audio_data import goforward, librivox, silence, speech_bounds, with_pause
 from voice_agent.backends.vad_silero import SileroVad
 from voice_agent.backends.vad_webrtc import WebRtcVad
+from voice_agent.config import Settings
+from voice_agent.engine import turn_config
 from voice_agent.stages.turns import (
     FRAME_SAMPLES,
     Paused,
@@ -70,6 +72,24 @@ def test_a_short_pause_is_not_the_end_of_the_turn() -> None:
     assert kinds.index("Resumed") < kinds.index("TurnEnded")
     ended = next(e for e in events if isinstance(e, TurnEnded))
     assert len(ended.audio) / 16000 > 4.0  # both phrases in one turn
+
+
+@pytest.mark.parametrize("vad", ["webrtc", "silero"])
+@pytest.mark.parametrize("clip", ["0870", "0920"])
+def test_a_400_ms_pause_mid_sentence_does_not_end_the_turn(clip: str, vad: str) -> None:
+    """At the service's default turn settings. The pause falls between two
+    words in the middle of the sentence ("how much | there might be",
+    "a more amiable woman | he might have been")."""
+    sentence = with_pause(librivox(clip), 0.4)
+    audio = np.concatenate((silence(0.5), sentence, silence(1.0)))
+    events = run(audio, turn_config(Settings(vad=vad)), vad)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds.count("SpeechStarted") == 1
+    assert kinds.count("TurnEnded") == 1
+    # The pause was heard (its words were transcribed early) and then undone.
+    assert kinds.index("Resumed") < kinds.index("TurnEnded")
+    ended = next(e for e in events if isinstance(e, TurnEnded))
+    assert len(ended.audio) / 16000 > len(sentence) / 16000 - 0.3  # the whole sentence
 
 
 def test_two_utterances_separated_by_silence_are_two_turns() -> None:

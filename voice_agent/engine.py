@@ -46,6 +46,19 @@ from voice_agent.stages.turns import TurnConfig
 log = logging.getLogger(__name__)
 
 
+def turn_config(s: Settings) -> TurnConfig:
+    """When a turn starts, pauses and ends, as the settings ask (every
+    session of the service detects turns this way)."""
+    return TurnConfig(
+        speech_start_ms=s.speech_start_ms,
+        turn_silence_ms=s.turn_silence_ms,
+        early_ms=s.stt_early_ms,
+        preroll_ms=s.preroll_ms,
+        max_turn_s=s.max_turn_s,
+        threshold=s.vad_threshold if s.vad == "silero" else 0.5,
+    )
+
+
 @dataclass(frozen=True)
 class SharedModelLinks:
     """Where a media worker process (``--workers``) finds the models its
@@ -295,14 +308,7 @@ class Engine:
         return SessionConfig(
             instructions=s.llm_instructions,
             history_turns=s.llm_history_turns,
-            turn=TurnConfig(
-                speech_start_ms=s.speech_start_ms,
-                turn_silence_ms=s.turn_silence_ms,
-                early_ms=s.stt_early_ms,
-                preroll_ms=s.preroll_ms,
-                max_turn_s=s.max_turn_s,
-                threshold=s.vad_threshold if s.vad == "silero" else 0.5,
-            ),
+            turn=turn_config(s),
             reply=ReplySettings(
                 max_tokens=s.llm_max_tokens,
                 temperature=s.llm_temperature,
