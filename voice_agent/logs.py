@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 # Attributes every LogRecord has; anything else was passed through ``extra``.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -42,9 +42,29 @@ class TextFormatter(logging.Formatter):
         return text
 
 
-def configure(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+class WorkerTag(logging.Filter):
+    """Names the media worker (``--workers``) on each of its log lines: the
+    front and its workers write to one stderr, and a line that cannot be
+    traced to its process (a stalled event loop, say) helps nobody."""
+
+    def __init__(self, worker: int) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "worker"):
+            record.worker = self.worker
+        return True
+
+
+def configure(
+    level: str, fmt: str, worker: int | None = None, stream: TextIO | None = None
+) -> None:
+    """Log lines to ``stream`` (stderr); a media worker passes its index."""
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if worker is not None:
+        handler.addFilter(WorkerTag(worker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

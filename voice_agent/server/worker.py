@@ -124,7 +124,9 @@ async def main_async() -> None:
     from voice_agent.logs import configure
 
     settings = config.settings
-    configure(settings.get("log_level", "INFO"), settings.get("log_format", "json"))
+    configure(
+        settings.get("log_level", "INFO"), settings.get("log_format", "json"), worker=config.index
+    )
     parent_gone: asyncio.Future[None] = loop.create_future()
 
     def gone(_: object) -> None:
