@@ -86,7 +86,7 @@ def test_a_400_ms_pause_mid_sentence_does_not_end_the_turn(clip: str, vad: str) 
     kinds = [type(e).__name__ for e in events]
     assert kinds.count("SpeechStarted") == 1
     assert kinds.count("TurnEnded") == 1
-    # The pause was heard (its words were transcribed early) and then undone.
+    # The pause was seen (the service transcribes its words early) and then undone.
     assert kinds.index("Resumed") < kinds.index("TurnEnded")
     ended = next(e for e in events if isinstance(e, TurnEnded))
     assert len(ended.audio) / 16000 > len(sentence) / 16000 - 0.3  # the whole sentence
