@@ -107,14 +107,25 @@ async def run_in_inference_thread(func: Callable[..., T], *args: object) -> T:
         else:
             result.set_result(value)  # type: ignore[arg-type]
 
+    def hand_over(value: T | None, error: BaseException | None) -> None:
+        try:
+            loop.call_soon_threadsafe(deliver, value, error)
+        except RuntimeError:
+            # The loop closed while this ran: the service stopped during its
+            # start-up, and nobody waits for the result any more.
+            log.info(
+                "a model finished loading after the service stopped",
+                extra={"load": getattr(func, "__qualname__", repr(func))},
+            )
+
     def run() -> None:
         lower_this_thread()
         try:
             value = func(*args)
         except BaseException as exc:
-            loop.call_soon_threadsafe(deliver, None, exc)
+            hand_over(None, exc)
         else:
-            loop.call_soon_threadsafe(deliver, value, None)
+            hand_over(value, None)
 
     threading.Thread(target=run, name="model-load").start()
     return await result
