@@ -13,16 +13,19 @@ from tests.ports import free_port
 
 
 async def start_server(
-    *flags: str, env: dict[str, str] | None = None
+    *flags: str, env: dict[str, str] | None = None, own_process_group: bool = False
 ) -> tuple[asyncio.subprocess.Process, str]:
     """The server process (embedded models, loopback media) and its URL;
-    ``env`` adds to (or overrides) this process's environment."""
+    ``env`` adds to (or overrides) this process's environment; with
+    ``own_process_group`` it leads a process group of its own, to be
+    signalled whole as a terminal or a service manager does."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "voice_agent", "serve", "--port", str(port)),
         *("--ice-host-addresses", "127.0.0.1", "--log-level", "WARNING"),
         *flags,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        process_group=0 if own_process_group else None,
     )
     return process, f"http://127.0.0.1:{port}"
 

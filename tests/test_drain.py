@@ -5,6 +5,7 @@ process exits 0. Real server processes, real aiortc callers."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from typing import Any
@@ -13,7 +14,7 @@ import aiohttp
 import pytest
 
 from bench.serving import start_server, wait_ready
-from tests.test_websocket import events_until
+from tests.test_websocket import events_until, typed_turn
 from voice_agent.client import RealtimeClient
 from voice_agent.config import Settings
 
@@ -142,6 +143,36 @@ async def test_a_websocket_session_hears_the_goodbye_and_is_closed(
             async with asyncio.timeout(15):
                 assert await ws.receive() is not None and ws.closed
         async with asyncio.timeout(30):
+            assert await process.wait() == 0
+    finally:
+        await stop(process)
+
+
+async def test_sigterm_to_the_whole_process_group_drains_with_the_llm_still_answering(
+    http: aiohttp.ClientSession,
+) -> None:
+    """A service manager's control group or a terminal signals every process
+    of the service at once: the embedded LLM is the service's child, and it
+    must not die under the calls the drain lets finish."""
+    process, url = await start_server(
+        "--workers", "1", "--drain-timeout-s", "600", own_process_group=True
+    )
+    try:
+        await wait_ready(http, url)
+        ws_url = url.replace("http://", "ws://") + "/v1/realtime"
+        async with http.ws_connect(ws_url, protocols=("realtime",)) as ws:
+            await events_until(ws, "session.created", 10)
+            os.killpg(process.pid, signal.SIGTERM)
+            await draining_readiness(http, url)
+            for event in typed_turn("What is the capital of France?"):
+                await ws.send_json(event)
+            events = await events_until(ws, "response.done", 60)
+            response = events[-1]["response"]
+            assert response["status"] == "completed", response
+            transcript = response["output"][0]["content"][0]["transcript"]
+            assert transcript and transcript != GOODBYE
+        # The last call hung up: the drain is over.
+        async with asyncio.timeout(60):
             assert await process.wait() == 0
     finally:
         await stop(process)

@@ -303,6 +303,11 @@ class EmbeddedLlamaServer:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             preexec_fn=functools.partial(_child_setup, self.nice),
+            # Its own process group: a signal to ours (Ctrl-C at a terminal,
+            # SIGTERM to a control group) is the service's to handle. The
+            # server stops the child when it is done with it, and the death
+            # signal covers the service dying outright.
+            process_group=0,
         )
         self._process = process
         assert process.stdout is not None
