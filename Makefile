@@ -52,8 +52,8 @@ test: $(STAMP) $(PARAKEET_STAMP) $(COQUI_STAMP) $(AGENTS_SDK_STAMP) $(DEPLOY_TOO
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check voice_agent tests bench
-	$(VENV)/bin/ruff format --check voice_agent tests bench
+	$(VENV)/bin/ruff check voice_agent tests bench deploy
+	$(VENV)/bin/ruff format --check voice_agent tests bench deploy
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

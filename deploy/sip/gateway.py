@@ -28,8 +28,8 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import KSR  # noqa: E402  (Kamailio's module, there only inside Kamailio)
-import ng  # noqa: E402
+import KSR  # Kamailio's module, there only inside Kamailio
+import ng
 
 SERVICE = urllib.parse.urlsplit(os.environ.get("VOICE_AGENT_URL", "http://127.0.0.1:8080"))
 API_KEY = os.environ.get("VOICE_AGENT_API_KEY", "")
