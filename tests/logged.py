@@ -44,6 +44,10 @@ class Logged(logging.Handler):
 
     def __enter__(self) -> Logged:
         self.logger.addHandler(self)
+        # The logger drops records below its level before any handler sees them.
+        self._level_before = self.logger.level
+        if self.logger.getEffectiveLevel() > self.level:
+            self.logger.setLevel(self.level)
         return self
 
     def __exit__(
@@ -53,3 +57,4 @@ class Logged(logging.Handler):
         traceback: TracebackType | None,
     ) -> None:
         self.logger.removeHandler(self)
+        self.logger.setLevel(self._level_before)

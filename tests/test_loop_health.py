@@ -157,3 +157,40 @@ async def test_a_loop_still_blocked_is_reported_while_it_lasts() -> None:
             monitor.stop()
     assert "block_the_loop_for" in record.getMessage()
     assert record.threadName == "loop-health-watchdog"
+
+
+async def test_stalls_while_the_service_starts_are_told_apart_from_a_calls() -> None:
+    """Models loading hold the GIL in long stretches before any call can be
+    served: those stalls are start-up's (INFO, counted apart), and the stall
+    counter an operator alerts on counts only what a call could have heard."""
+    monitor = LoopHealthMonitor(stall_threshold_s=0.1)
+    loop = asyncio.get_running_loop()
+
+    def by_block_long(record: logging.LogRecord) -> bool:
+        return "block_long" in str(record.__dict__.get("handle"))
+
+    with Logged("voice_agent.loop_health", logging.INFO) as catcher:
+        monitor.start()
+        try:
+            with monitor.starting():
+                stalls_before = monitor.snapshot()["stalls"]
+                starting = catcher.wait_for(by_block_long)
+                loop.call_soon(block_long)
+                while_starting = await asyncio.wait_for(starting, 2)
+                during = monitor.snapshot()
+            started = catcher.wait_for(lambda r: by_block_long(r) and r is not while_starting)
+            loop.call_soon(block_long)
+            after_start = await asyncio.wait_for(started, 2)
+        finally:
+            monitor.stop()
+    assert while_starting.levelno == logging.INFO
+    assert "while the service starts" in while_starting.getMessage()
+    assert during["stalls"] == stalls_before and during["stalls_while_starting"] >= 1
+    assert not any(by_block_long_json(s) for s in during["slowest"])
+    assert after_start.levelno == logging.WARNING
+    assert "while the service starts" not in after_start.getMessage()
+    assert monitor.snapshot()["stalls"] >= stalls_before + 1
+
+
+def by_block_long_json(stall: dict[str, object]) -> bool:
+    return "block_long" in str(stall.get("handle"))

@@ -10,6 +10,11 @@ that is blocking, the callback (asyncio Handle) being run and its task. When
 the loop gets going again the late heartbeat records the stall with that
 sample and logs a warning naming the culprit.
 
+While the service starts (``starting()``: its models load, holding the GIL
+in long stretches) stalls are expected and no call can meet them: they are
+logged at INFO and counted apart, so that an operator's alert on stalls
+means a stall that a call could have heard.
+
 asyncio's debug mode (``slow_callback_duration``) times every callback
 exactly, but it also records a traceback for every callback scheduled: a
 task step took 20-50x as long in bench/loop_health.py. This costs one timer
@@ -30,7 +35,8 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -96,6 +102,8 @@ class LoopHealthMonitor:
         self._lags: deque[float] = deque(maxlen=max(1, round(window_s / interval_s)))
         self._stalls: deque[Stall] = deque(maxlen=STALLS_KEPT)
         self.stalls_total = 0
+        self.stalls_while_starting = 0
+        self._starting = 0  # how many start-ups are under way (nested is fine)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -151,6 +159,15 @@ class LoopHealthMonitor:
         finally:
             self.stop()
 
+    @contextmanager
+    def starting(self) -> Iterator[None]:
+        """Stalls in this block are start-up's (models loading), not a call's."""
+        self._starting += 1
+        try:
+            yield
+        finally:
+            self._starting -= 1
+
     # -- on the loop ---------------------------------------------------------------
     def _schedule(self, now: float) -> None:
         assert self._loop is not None
@@ -172,19 +189,26 @@ class LoopHealthMonitor:
         # A stall just over the threshold may end before the watchdog looks.
         sample = taken[1] if taken is not None and taken[0] == self._due else NOT_SAMPLED
         stall = Stall(time.time(), lag * 1000.0, sample)
+        extra = {
+            "blocked_ms": round(stall.blocked_ms, 1),
+            "culprit": sample.culprit,
+            "task": sample.task,
+            "handle": sample.handle,
+            "stack": list(sample.stack),
+        }
+        if self._starting:
+            self.stalls_while_starting += 1
+            log.info(
+                "event loop blocked for %.0f ms by %s while the service starts",
+                stall.blocked_ms,
+                sample.culprit,
+                extra=extra,
+            )
+            return
         self._stalls.append(stall)
         self.stalls_total += 1
         log.warning(
-            "event loop blocked for %.0f ms by %s",
-            stall.blocked_ms,
-            sample.culprit,
-            extra={
-                "blocked_ms": round(stall.blocked_ms, 1),
-                "culprit": sample.culprit,
-                "task": sample.task,
-                "handle": sample.handle,
-                "stack": list(sample.stack),
-            },
+            "event loop blocked for %.0f ms by %s", stall.blocked_ms, sample.culprit, extra=extra
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -198,6 +222,7 @@ class LoopHealthMonitor:
             "window_s": round(len(lags) * self.interval_s, 1),
             "stall_threshold_ms": round(self.stall_threshold_s * 1000.0, 1),
             "stalls": self.stalls_total,
+            "stalls_while_starting": self.stalls_while_starting,
             "slowest": [s.json() for s in slowest[:SLOWEST_SHOWN]],
         }
 

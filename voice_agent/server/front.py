@@ -401,15 +401,17 @@ class FrontServer:
         self._runners.append(runner)
 
     async def start(self) -> None:
-        await self.engine.start()
-        assert self.engine.models is not None
-        speech = web.Application(client_max_size=32 * 1024 * 1024)
-        add_speech_routes(speech, self.engine.models.stt, self.engine.models.tts)
-        runner = new_runner(speech)
-        await runner.setup()
-        await web.UnixSite(runner, self.speech_socket).start()
-        self._runners.insert(0, runner)  # closed after the front and the workers
-        await self.pool.start(self.engine.links_for_workers(self.speech_socket))
+        # The front faces the clients: its listen() made the first runner.
+        with self._runners[-1].app[LOOP_HEALTH].starting():
+            await self.engine.start()
+            assert self.engine.models is not None
+            speech = web.Application(client_max_size=32 * 1024 * 1024)
+            add_speech_routes(speech, self.engine.models.stt, self.engine.models.tts)
+            runner = new_runner(speech)
+            await runner.setup()
+            await web.UnixSite(runner, self.speech_socket).start()
+            self._runners.insert(0, runner)  # closed after the front and the workers
+            await self.pool.start(self.engine.links_for_workers(self.speech_socket))
         log.info("media workers ready", extra={"workers": self.settings.workers})
 
     async def drain(self) -> None:

@@ -93,7 +93,8 @@ class LiveCollector(Collector):
         yield lag
         yield CounterMetricFamily(
             "voice_agent_event_loop_stalls",
-            "Times a callback blocked the event loop past --loop-stall-ms.",
+            "Times a callback blocked the event loop past --loop-stall-ms once started"
+            " (stalls while the models load are counted apart, in /v1/stats).",
             loop["stalls"],
         )
         llm = state.llm()

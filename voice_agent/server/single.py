@@ -6,7 +6,7 @@ from aiohttp import web
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
-from voice_agent.server.app import build_app, new_runner
+from voice_agent.server.app import LOOP_HEALTH, build_app, new_runner
 from voice_agent.server.drain import drain_app, stop_draining
 
 
@@ -25,7 +25,9 @@ class SingleServer:
         self._app, self._runner = app, runner
 
     async def start(self) -> None:
-        await self.engine.start()
+        assert self._app is not None, "listen() first"
+        with self._app[LOOP_HEALTH].starting():
+            await self.engine.start()
 
     async def drain(self) -> None:
         """No new calls; the live ones finish or hear the goodbye (``server/drain.py``)."""

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine, SharedModelLinks
-from voice_agent.server.app import CALLS, build_app, new_runner
+from voice_agent.server.app import CALLS, LOOP_HEALTH, build_app, new_runner
 from voice_agent.server.drain import DRAIN_PATH, drain_app, drain_route, stop_draining
 
 log = logging.getLogger("voice_agent.server.worker")  # run as __main__
@@ -101,7 +101,8 @@ async def run_worker(config: WorkerConfig, parent_gone: asyncio.Future[None]) ->
     loop.add_signal_handler(signal.SIGTERM, stop_with, "drain")
     parent_gone.add_done_callback(lambda _: stop_with("now"))
     try:
-        await engine.start()
+        with app[LOOP_HEALTH].starting():
+            await engine.start()
         await web.UnixSite(runner, config.socket).start()
         sys.stdout.write("ready\n")
         sys.stdout.flush()
