@@ -304,9 +304,11 @@ class EmbeddedLlamaServer:
             stderr=asyncio.subprocess.STDOUT,
             preexec_fn=functools.partial(_child_setup, self.nice),
             # Its own process group: a signal to ours (Ctrl-C at a terminal,
-            # SIGTERM to a control group) is the service's to handle. The
-            # server stops the child when it is done with it, and the death
-            # signal covers the service dying outright.
+            # `kill -- -PGID`, a supervisor that signals the group) is the
+            # service's to handle; the service stops the child (and all it
+            # started: _terminate) when done with it, and the death signal
+            # covers the service dying outright. (systemd signals each
+            # process of a control group: its units want KillMode=mixed.)
             process_group=0,
         )
         self._process = process
@@ -397,7 +399,8 @@ class EmbeddedLlamaServer:
         while not self._stopping:
             process = self._process
             assert process is not None
-            await process.wait()
+            await _exited(process)
+            await self._terminate(process)  # what it started would hold the port
             await self._stop_drain()
             await self._restart(self._record_exit(process, "serving"))
 
@@ -434,14 +437,17 @@ class EmbeddedLlamaServer:
             return
 
     async def _terminate(self, process: asyncio.subprocess.Process) -> None:
+        """Stop the child and all it started: a --llama-server-command may be a
+        wrapper whose own children the death signal does not reach."""
         if process.returncode is None:
-            process.terminate()
+            _signal_group(process, signal.SIGTERM)
             try:
                 async with asyncio.timeout(5):
                     await process.wait()
             except TimeoutError:
-                process.kill()
+                _signal_group(process, signal.SIGKILL)
                 await process.wait()
+        _signal_group(process, signal.SIGKILL)  # whatever its leader left behind
 
     async def _stop_drain(self) -> None:
         """Wait for the output of a dead child (its last lines), then stop."""
@@ -465,6 +471,40 @@ class EmbeddedLlamaServer:
         if self._process is not None:
             await self._terminate(self._process)
         await self._stop_drain()
+
+
+async def _exited(process: asyncio.subprocess.Process) -> None:
+    """The child's own exit. asyncio's ``wait()`` also waits for its output
+    pipe to close, which a server started by a wrapper command holds open
+    after the wrapper is gone."""
+    if process.returncode is not None:
+        return
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except ProcessLookupError:
+        return  # gone already
+    except (AttributeError, OSError):  # no pidfds (not Linux 5.3+)
+        await process.wait()
+        return
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    def on_exit() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    loop.add_reader(pidfd, on_exit)
+    try:
+        await gone
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+
+
+def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    """Signal the child's process group (it leads one: ``process_group=0``);
+    a group already gone is no error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
 
 
 def _child_setup(nice: int) -> None:
