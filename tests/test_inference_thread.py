@@ -48,7 +48,7 @@ def test_a_load_that_outlives_its_event_loop_ends_quietly(
         release.set()
     assert not thread.is_alive()
     assert failures == []
-    assert any("after the service stopped" in r.getMessage() for r in caplog.records)
+    assert any("ended after the service stopped" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_load_returns_its_value_and_raises_its_error() -> None:

@@ -166,31 +166,28 @@ async def test_stalls_while_the_service_starts_are_told_apart_from_a_calls() -> 
     monitor = LoopHealthMonitor(stall_threshold_s=0.1)
     loop = asyncio.get_running_loop()
 
-    def by_block_long(record: logging.LogRecord) -> bool:
-        return "block_long" in str(record.__dict__.get("handle"))
+    def a_long_stall(record: logging.LogRecord) -> bool:
+        # Matched by its length, not its sampled handle: a watchdog that woke
+        # late on a busy host leaves the culprit unknown.
+        return float(record.__dict__.get("blocked_ms", 0.0)) >= 140
 
     with Logged("voice_agent.loop_health", logging.INFO) as catcher:
         monitor.start()
         try:
             with monitor.starting():
-                stalls_before = monitor.snapshot()["stalls"]
-                starting = catcher.wait_for(by_block_long)
+                starting = catcher.wait_for(a_long_stall)
                 loop.call_soon(block_long)
                 while_starting = await asyncio.wait_for(starting, 2)
                 during = monitor.snapshot()
-            started = catcher.wait_for(lambda r: by_block_long(r) and r is not while_starting)
+            started = catcher.wait_for(lambda r: a_long_stall(r) and r.levelno == logging.WARNING)
             loop.call_soon(block_long)
             after_start = await asyncio.wait_for(started, 2)
         finally:
             monitor.stop()
     assert while_starting.levelno == logging.INFO
     assert "while the service starts" in while_starting.getMessage()
-    assert during["stalls"] == stalls_before and during["stalls_while_starting"] >= 1
-    assert not any(by_block_long_json(s) for s in during["slowest"])
+    assert during["stalls_while_starting"] >= 1
+    assert during["stalls"] == 0 and during["slowest"] == []  # nor listed as a call's
     assert after_start.levelno == logging.WARNING
     assert "while the service starts" not in after_start.getMessage()
-    assert monitor.snapshot()["stalls"] >= stalls_before + 1
-
-
-def by_block_long_json(stall: dict[str, object]) -> bool:
-    return "block_long" in str(stall.get("handle"))
+    assert monitor.snapshot()["stalls"] >= 1

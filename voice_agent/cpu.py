@@ -114,8 +114,11 @@ async def run_in_inference_thread(func: Callable[..., T], *args: object) -> T:
             # The loop closed while this ran: the service stopped during its
             # start-up, and nobody waits for the result any more.
             log.info(
-                "a model finished loading after the service stopped",
-                extra={"load": getattr(func, "__qualname__", repr(func))},
+                "a model load ended after the service stopped",
+                extra={
+                    "load": getattr(func, "__qualname__", repr(func)),
+                    "error": repr(error) if error is not None else None,
+                },
             )
 
     def run() -> None:

@@ -104,6 +104,7 @@ class LoopHealthMonitor:
         self.stalls_total = 0
         self.stalls_while_starting = 0
         self._starting = 0  # how many start-ups are under way (nested is fine)
+        self._started_at = -math.inf  # loop.time() when the last one ended
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -167,6 +168,12 @@ class LoopHealthMonitor:
             yield
         finally:
             self._starting -= 1
+            self._started_at = asyncio.get_running_loop().time()
+
+    def _in_start_up(self, due: float) -> bool:
+        """Whether a stall whose heartbeat was due at ``due`` began while the
+        service was starting (it may end after start-up has)."""
+        return bool(self._starting) or due <= self._started_at
 
     # -- on the loop ---------------------------------------------------------------
     def _schedule(self, now: float) -> None:
@@ -196,7 +203,7 @@ class LoopHealthMonitor:
             "handle": sample.handle,
             "stack": list(sample.stack),
         }
-        if self._starting:
+        if self._in_start_up(self._due):
             self.stalls_while_starting += 1
             log.info(
                 "event loop blocked for %.0f ms by %s while the service starts",
@@ -245,10 +252,12 @@ class LoopHealthMonitor:
             elif overdue >= self.hung_after_s and due != hung_told:
                 hung_told = due
                 sample = self._sample_loop()
-                log.error(
-                    "event loop blocked for %.1f s so far by %s",
+                starting = self._in_start_up(due)
+                (log.info if starting else log.error)(
+                    "event loop blocked for %.1f s so far by %s%s",
                     overdue,
                     sample.culprit,
+                    " while the service starts" if starting else "",
                     extra={"culprit": sample.culprit, "stack": list(sample.stack)},
                 )
             if self._stop.wait(self.stall_threshold_s):
