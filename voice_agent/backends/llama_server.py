@@ -488,6 +488,7 @@ async def _exited(process: asyncio.subprocess.Process) -> None:
         return
     loop = asyncio.get_running_loop()
     gone: asyncio.Future[None] = loop.create_future()
+
     def on_exit() -> None:
         if not gone.done():
             gone.set_result(None)
