@@ -106,7 +106,7 @@ async def run_worker(config: WorkerConfig, parent_gone: asyncio.Future[None]) ->
         await web.UnixSite(runner, config.socket).start()
         sys.stdout.write("ready\n")
         sys.stdout.flush()
-        log.info("worker listening", extra={"worker": config.index, "socket": config.socket})
+        log.info("worker listening", extra={"socket": config.socket})  # the tag names it
         if await stop == "drain":
             draining = asyncio.ensure_future(drain_app(app))
             await asyncio.wait({draining, parent_gone}, return_when=asyncio.FIRST_COMPLETED)
