@@ -5,9 +5,15 @@ real aiortc peers over loopback, speaks recorded human speech and measures,
 on the client, the time from the end of speech in the audio it sent to the
 first audible audio it received. Prints per-turn rows, p50/p95, the server's
 own per-stage breakdown, and (with --calls N) pacing and memory under load.
+Each turn starts 0.5 s (``--gap``) after the previous reply has finished
+playing (``output_audio_buffer.stopped``), as a caller waits to hear it.
 
-    .venv/bin/python bench/latency.py                 # 10 turns, one call
-    .venv/bin/python bench/latency.py --calls 10      # 10 concurrent calls
+The clients run in this process, at the server's priority by default. At a
+lower one (``--client-nice 10``, as bench/load.py runs its many callers) the
+client's own receive path waits while the server computes, and the time it
+reads for the first audio comes late: measured on 2 cores, the client heard
+the reply 130-160 ms after the server sent it, against 20-30 ms at nice 0,
+while the client's own work (about 9 % of a core) costs the server less.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import statistics
 import sys
@@ -22,6 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -84,6 +92,28 @@ def speech_and_tail(clip: str) -> tuple[np.ndarray, np.ndarray]:
     return audio[:cut], silence(1.5)
 
 
+async def reply_heard(client: RealtimeClient, response_id: str, mark: int) -> None:
+    """Waits until the reply's audio has been played out to this caller.
+    ``response.done`` comes once the reply is generated, while its audio may
+    still be playing for seconds: a caller who spoke then would be talking
+    over it (a barge-in, a different measurement), and its turn would share
+    the CPU with the end of the reply."""
+
+    def about_reply(event: dict[str, Any], kinds: tuple[str, ...]) -> bool:
+        return event.get("type") in kinds and event.get("response_id") == response_id
+
+    ended = ("output_audio_buffer.stopped", "output_audio_buffer.cleared")
+    try:
+        # A reply's audio starts before it is done being generated; one with
+        # no audio at all (failed, text only) never starts.
+        await asyncio.wait_for(
+            client.wait_for(lambda e: about_reply(e, ("output_audio_buffer.started",)), mark), 2
+        )
+        await asyncio.wait_for(client.wait_for(lambda e: about_reply(e, ended), mark), 120)
+    except TimeoutError:
+        return
+
+
 async def one_call(
     url: str, http: aiohttp.ClientSession, index: int, turns: int, gap_s: float
 ) -> tuple[list[Turn], dict[str, float]]:
@@ -107,6 +137,7 @@ async def one_call(
             results.append(Turn(index, clip, None, "timeout"))
             continue
         response = event["response"]
+        await reply_heard(client, response["id"], mark)
         first = client.received.first_sound_after(speech_end)
         metadata = response.get("metadata") or {}
         results.append(
@@ -153,6 +184,12 @@ async def main() -> None:
         help="repeat the calls; memory after each round shows leaks",
     )
     parser.add_argument(
+        "--client-nice",
+        type=int,
+        default=0,
+        help="niceness of the clients (this process) once the server has started",
+    )
+    parser.add_argument(
         "--server-arg",
         action="append",
         default=[],
@@ -162,6 +199,9 @@ async def main() -> None:
 
     restrict_host_addresses(["127.0.0.1"])
     server, url = await start_server("--max-calls", str(max(args.calls, 20)), *args.server_arg)
+    # After the server is started, so it keeps its own priority; threads the
+    # clients start later inherit this one's.
+    os.nice(args.client_nice)
     try:
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, url)
@@ -209,7 +249,8 @@ async def main() -> None:
         ]
         for t in turns
     ]
-    print(f"\n## {args.calls} call(s) x {args.turns} turns, {wall:.0f} s\n")
+    heading = f"{args.calls} call(s) x {args.turns} turns, {wall:.0f} s"
+    print(f"\n## {heading}, clients at nice {args.client_nice}\n")
     if args.calls == 1:
         print(
             table(
