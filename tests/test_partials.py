@@ -99,3 +99,28 @@ async def test_a_result_that_lands_as_the_turn_ends_is_dropped() -> None:
     assert deltas(events) == ["go forward"]  # " ten" is never sent
     assert partials.latency.count == 2 and len(stt.requests) == 3
     assert stt.answers.empty()
+
+
+async def test_a_pause_cancels_the_partial_in_flight_and_none_runs_until_speech_resumes() -> None:
+    stt, events = ScriptedRecogniser(), list[SessionEvent]()
+    partials = PartialTranscripts(stt, 500, events.append, "sess")
+    await feed(partials, "item_1", 500)
+    task = partials._task
+    assert task is not None and not task.done()
+    # The user pauses: the speculative transcript covers the turn so far,
+    # so this partial is obsolete and its work is given up.
+    partials.pause()
+    await asyncio.sleep(0)
+    assert task.cancelled()
+    await feed(partials, "item_1", 1200)  # the pause's silence: no partial of it
+    assert len(stt.requests) == 1
+    partials.resume()  # the user speaks on
+    await feed(partials, "item_1", 1300)
+    assert len(stt.requests) == 2 and stt.requests[-1] == 1300 * 16
+    await stt.answers.put("go forward ten")
+    await asyncio.sleep(0.01)
+    assert partials.latency.count == 1
+    # A pause never carries over to the next turn.
+    partials.pause()
+    await feed(partials, "item_2", 500)
+    assert len(stt.requests) == 3

@@ -5,6 +5,11 @@ wait."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+import numpy as np
 
 from tests.audio_data import librivox, reference, word_error_rate
 from voice_agent.backends.stt_faster_whisper import FasterWhisperStt, without_restart
@@ -53,3 +58,64 @@ def test_a_transcript_that_starts_over_is_cut_where_it_restarts() -> None:
     # A repeated phrase that is not a restart of the utterance stays.
     assert without_restart("I went home. I went home to see") == "I went home. I went home to see"
     assert without_restart("Go on. Go on and on and on.") == "Go on. Go on and on and on."
+
+
+async def test_a_speculation_dropped_while_it_is_encoded_is_never_decoded() -> None:
+    stt = FasterWhisperStt("base", "en", 2, max_batch=1, batch_wait_ms=0)
+    try:
+        # ~15 s of speech (under Whisper's 30 s window): a long encoder pass.
+        long = np.concatenate([librivox(c) for c in ("0930", "0890", "0920")])
+        assert len(long) < 25 * 16000
+        speculation = asyncio.create_task(stt.transcribe_speculative(long))
+        # Nothing signals a batch's start, so the test looks for it.
+        while not stt.in_flight:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+        speculation.cancel()  # the user spoke on
+        with contextlib.suppress(asyncio.CancelledError):
+            await speculation
+        # The next request waits only for the encoder pass in progress, and
+        # is heard as well as ever.
+        text = await stt.transcribe(librivox("0880"))
+        assert word_error_rate(reference("0880"), text) <= 0.15
+        assert stt.stats()["abandoned_after_encoding"] == 1
+    finally:
+        stt.close()
+
+
+SCHED_IDLE = 5
+
+
+def thread_cpu(policy: int) -> dict[int, int]:
+    """CPU ticks of this process's threads that run under ``policy``."""
+    ticks: dict[int, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        if int(fields[38]) == policy:
+            ticks[int(tid)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+async def test_partials_run_on_an_idle_priority_model_only_while_no_transcript_waits() -> None:
+    stt = FasterWhisperStt("base", "en", 2, partial_lane="idle")
+    try:
+        await stt.warm_up()
+        before = thread_cpu(SCHED_IDLE)
+        assert before, "the partial model computes in idle-priority threads"
+        text = await stt.transcribe_partial(librivox("0920"))
+        assert text is not None and word_error_rate(reference("0920"), text) <= 0.15
+        after = thread_cpu(SCHED_IDLE)
+        # Those threads did the partial's work (a second of CPU or so), and
+        # the main model's lane was not used for it.
+        assert sum(after.values()) - sum(before.values()) >= 10
+        lane = stt.stats()["partial_lane"]
+        assert isinstance(lane, dict) and lane["requests"]["partial"] == 1
+        assert stt.stats()["requests"]["partial"] == 0  # type: ignore[index]
+        # While a transcript that matters is being made, no partial starts.
+        final = asyncio.create_task(stt.transcribe(librivox("0930")))
+        await asyncio.sleep(0)
+        assert await stt.transcribe_partial(librivox("0880")) is None
+        assert word_error_rate(reference("0930"), await final) <= 0.15
+        lane = stt.stats()["partial_lane"]
+        assert isinstance(lane, dict) and lane["requests"]["partial"] == 1
+    finally:
+        stt.close()

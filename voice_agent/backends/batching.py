@@ -139,6 +139,16 @@ class BatchingWorker(Generic[Req, Res]):
         async with self._room:
             return await self._enqueue(item, "partial", self._partials)
 
+    @property
+    def busy(self) -> bool:
+        """Whether any request waits or runs."""
+        return bool(self._pending() or self._in_flight)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests whose batch the model is running."""
+        return len(self._in_flight)
+
     def _check_open(self) -> None:
         if self._closed:
             raise WorkerClosed(f"{self.name} worker is closed")

@@ -10,9 +10,13 @@ on the LibriVox test recordings it costs one word in 72 (WER 1.4 % -> 2.8 %).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import ctranslate2
@@ -42,6 +46,11 @@ TOKENS_PER_SECOND = 10
 # heap per new shape (measured), for hundreds of calls. Shapes almost never
 # repeat, so a small cache costs no speed.
 ONEDNN_CACHE_CAPACITY = "32"
+# Partials on the idle-priority copy of the model: Whisper base takes 0.2-0.5 s
+# a transcription on 2 cores, so each speaking caller has about one running.
+# On the one shared model they would keep a core busy per speaking caller
+# beside the transcripts that matter, so there they are off by default.
+IDLE_LANE_PARTIAL_INTERVAL_MS = 500
 
 
 def _bare(word: str) -> str:
@@ -65,12 +74,19 @@ def without_restart(text: str, opening_words: int = 4) -> str:
     return text
 
 
+@dataclass
+class Utterance:
+    """One request's audio, and whether its caller still waits for it: a
+    speculation dropped because the user spoke on is cancelled while the
+    model may already be encoding it, and its decoding (most of the work)
+    is then skipped rather than delaying the next request."""
+
+    audio: np.ndarray
+    abandoned: bool = False  # set on the event loop, read in the worker thread
+
+
 class FasterWhisperStt:
     name = "faster-whisper"
-    # Partials only when --stt-partial-interval-ms asks for them: on 2 cores
-    # Whisper base takes 0.2-0.46 s per transcription, so partials would
-    # keep a core busy per speaking caller (they are shed while finals wait).
-    default_partial_interval_ms = 0
 
     def __init__(
         self,
@@ -83,9 +99,11 @@ class FasterWhisperStt:
         max_speculative_batch: int = 2,
         parallel: int = 1,
         partial_max_s: float = 8.0,
+        partial_lane: Literal["idle", "shared"] = "shared",
     ) -> None:
         self._partial_max_samples = int(partial_max_s * 16000)
         self._partials_too_long = 0
+        self._abandoned_after_encoding = 0
         path = whisper_weights.resolve(model)
         # Read by oneDNN when it creates its first primitive; a value the
         # operator set in the environment wins.
@@ -94,6 +112,23 @@ class FasterWhisperStt:
         # batch the worker lets run side by side (``parallel``).
         self._model = WhisperModel(
             str(path), device="cpu", compute_type="int8", cpu_threads=threads, num_workers=parallel
+        )
+        # Partials on a second copy of the model whose compute threads run at
+        # the OS's idle priority: CTranslate2 computes in threads the model
+        # creates, which inherit the creating thread's scheduling policy. A
+        # partial then takes only CPU nothing else wants, so partials can be
+        # on by default, and one still running when the user pauses barely
+        # slows the transcript that matters (measured: +16-53 ms on a final
+        # that ran beside a whole partial, against +200-260 ms on one model).
+        self._partial_model: WhisperModel | None = None
+        if partial_lane == "idle":
+            self._partial_model = _load_at_idle_priority(
+                lambda: WhisperModel(
+                    str(path), device="cpu", compute_type="int8", cpu_threads=threads, num_workers=1
+                ),
+            )
+        self.default_partial_interval_ms = (
+            IDLE_LANE_PARTIAL_INTERVAL_MS if partial_lane == "idle" else 0
         )
         self._language = language or "en"
         self._window = window
@@ -110,7 +145,7 @@ class FasterWhisperStt:
         # One worker for every session: finals first; speculative work (the
         # turn so far, transcribed at a pause) is the low priority that is
         # shed (None) while finals wait, so it never delays one.
-        self._worker: BatchingWorker[np.ndarray, str] = BatchingWorker(
+        self._worker: BatchingWorker[Utterance, str] = BatchingWorker(
             "stt-batch",
             self._transcribe_batch,
             max_batch,
@@ -118,7 +153,25 @@ class FasterWhisperStt:
             max_partial_batch=max_speculative_batch,
             parallel=parallel,
         )
-        log.info("stt model loaded", extra={"model": model, "path": str(path), "window": window})
+        self._partial_worker: BatchingWorker[Utterance, str] | None = None
+        if self._partial_model is not None:
+            partial_model = self._partial_model
+            self._partial_worker = BatchingWorker(
+                "stt-partial",
+                lambda batch: self._transcribe_batch(batch, partial_model),
+                max_speculative_batch,
+                batch_wait_ms / 1000.0,
+                max_partial_batch=max_speculative_batch,
+            )
+        log.info(
+            "stt model loaded",
+            extra={
+                "model": model,
+                "path": str(path),
+                "window": window,
+                "partial_lane": partial_lane,
+            },
+        )
 
     def _window_frames(self, frames: int) -> int:
         if self._window == "full":
@@ -126,20 +179,25 @@ class FasterWhisperStt:
         window = min(FULL_WINDOW_FRAMES, frames + TRIM_PAD_FRAMES)
         return window + window % 2  # the encoder's stride-2 convolution wants an even length
 
-    def _transcribe_batch(self, batch: list[np.ndarray]) -> list[str]:
+    def _transcribe_batch(
+        self, batch: list[Utterance], model: WhisperModel | None = None
+    ) -> list[str]:
         """Runs in the worker's thread: the utterances of a batch share one
         encoder and decoder pass, each padded to the batch's longest window."""
+        model = model or self._model
         texts = [""] * len(batch)
         short: list[tuple[int, np.ndarray]] = []
-        for i, audio in enumerate(batch):
-            samples = int16_to_float(audio)
-            features = self._model.feature_extractor(samples)
+        for i, utterance in enumerate(batch):
+            if utterance.abandoned:
+                continue
+            samples = int16_to_float(utterance.audio)
+            features = model.feature_extractor(samples)
             if features.shape[1] > FULL_WINDOW_FRAMES:
-                texts[i] = self._transcribe_long(samples)
+                texts[i] = self._transcribe_long(samples, model)
             else:
                 short.append((i, features))
         for group in self._similar_lengths(short):
-            for i, text in self._generate(group):
+            for i, text in self._generate(group, model, batch):
                 texts[i] = text
         return texts
 
@@ -159,14 +217,20 @@ class FasterWhisperStt:
                 groups.append([item])
         return groups
 
-    def _generate(self, group: list[tuple[int, np.ndarray]]) -> list[tuple[int, str]]:
+    def _generate(
+        self, group: list[tuple[int, np.ndarray]], model: WhisperModel, batch: list[Utterance]
+    ) -> list[tuple[int, str]]:
         window = max(self._window_frames(f.shape[1]) for _, f in group)
         padded = np.zeros((len(group), group[0][1].shape[0], window), dtype=np.float32)
         for row, (_, features) in enumerate(group):
             padded[row, :, : features.shape[1]] = features[:, :window]
         longest = max(f.shape[1] for _, f in group)
-        results = self._model.model.generate(
-            ctranslate2.StorageView.from_array(padded),
+        encoded = model.model.encode(ctranslate2.StorageView.from_array(padded), to_cpu=False)
+        if all(batch[i].abandoned for i, _ in group):
+            self._abandoned_after_encoding += 1
+            return []  # nobody waits for these any more
+        results = model.model.generate(
+            encoded,
             [self._prompt] * len(group),
             beam_size=1,
             max_length=min(MAX_TOKENS, 8 + int(longest / 100 * TOKENS_PER_SECOND)),
@@ -202,8 +266,8 @@ class FasterWhisperStt:
             texts.append(self._tokenizer.decode(words))
         return without_restart("".join(texts).strip())
 
-    def _transcribe_long(self, samples: np.ndarray) -> str:
-        segments, _info = self._model.transcribe(
+    def _transcribe_long(self, samples: np.ndarray, model: WhisperModel) -> str:
+        segments, _info = model.transcribe(
             samples,
             language=self._language,
             beam_size=1,
@@ -215,12 +279,30 @@ class FasterWhisperStt:
 
     async def warm_up(self) -> None:
         await self.transcribe(np.zeros(16000, dtype=np.int16))
+        if self._partial_worker is not None:
+            await self._partial_worker.submit(Utterance(np.zeros(16000, dtype=np.int16)))
 
     async def transcribe(self, audio: np.ndarray) -> str:
-        return await self._worker.submit(audio)
+        utterance = Utterance(audio)
+        try:
+            return await self._worker.submit(utterance)
+        except asyncio.CancelledError:
+            utterance.abandoned = True
+            raise
 
     async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
-        return await self._worker.submit_partial(audio)
+        return await self._low_priority(self._worker, audio)
+
+    @staticmethod
+    async def _low_priority(
+        worker: BatchingWorker[Utterance, str], audio: np.ndarray
+    ) -> str | None:
+        utterance = Utterance(audio)
+        try:
+            return await worker.submit_partial(utterance)
+        except asyncio.CancelledError:
+            utterance.abandoned = True
+            raise
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         """Speech in progress, at the speculative work's low priority; None
@@ -228,17 +310,64 @@ class FasterWhisperStt:
         if len(audio) > self._partial_max_samples:
             self._partials_too_long += 1
             return None
-        return await self._worker.submit_partial(audio)
+        if self._partial_worker is None:
+            return await self._low_priority(self._worker, audio)
+        if self._worker.busy:
+            # A transcript that matters is being made: a partial now would
+            # only compete with it (and partials are worth least under load).
+            self._partial_worker.stats.requests["partial_skipped"] += 1
+            return None
+        return await self._low_priority(self._partial_worker, audio)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests the main model is transcribing now."""
+        return self._worker.in_flight
 
     def stats(self) -> dict[str, object]:
         return {
             "backend": self.name,
             **self._worker.stats.snapshot(),
             "partial_too_long": self._partials_too_long,
+            "abandoned_after_encoding": self._abandoned_after_encoding,
+            **(
+                {"partial_lane": self._partial_worker.stats.snapshot()}
+                if self._partial_worker is not None
+                else {}
+            ),
         }
 
     def close(self) -> None:
         self._worker.close()
+        if self._partial_worker is not None:
+            self._partial_worker.close()
+
+
+def _load_at_idle_priority(load: Callable[[], WhisperModel]) -> WhisperModel:
+    """``load()`` in a thread of its own switched to SCHED_IDLE: the threads
+    the model creates to compute in inherit it (on Linux a scheduling policy
+    is per thread). Only those threads run at idle priority; the caller's
+    thread, which holds the GIL between model calls, keeps its priority, so
+    a starved partial never holds up the event loop."""
+    loaded: list[WhisperModel] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError) as exc:  # not Linux, or refused
+            log.warning("partial transcripts run at normal priority: %s", exc)
+        try:
+            loaded.append(load())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="stt-partial-load")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return loaded[0]
 
 
 def create(settings: Settings) -> FasterWhisperStt:
@@ -252,4 +381,5 @@ def create(settings: Settings) -> FasterWhisperStt:
         max_speculative_batch=settings.stt_partial_max_batch,
         parallel=settings.stt_parallel or default_parallel(settings.stt_threads),
         partial_max_s=settings.stt_partial_max_s,
+        partial_lane=settings.stt_partial_lane,
     )

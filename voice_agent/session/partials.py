@@ -54,6 +54,7 @@ class PartialTranscripts:
         self._previous: list[str] = []  # the last hypothesis, in words
         self._requested_at_ms = 0
         self._task: asyncio.Task[str | None] | None = None
+        self._paused = False
         self.latency = Samples()
 
     def on_audio(self, item_id: str, turn_ms: int, audio: Callable[[], np.ndarray]) -> None:
@@ -62,7 +63,12 @@ class PartialTranscripts:
             self.stop()
             self._item_id, self._sent, self._previous = item_id, [], []
             self._requested_at_ms = 0
-        if self._task is not None or turn_ms - self._requested_at_ms < self._interval_ms:
+            self._paused = False
+        if (
+            self._paused
+            or self._task is not None
+            or turn_ms - self._requested_at_ms < self._interval_ms
+        ):
             return
         self._requested_at_ms = turn_ms
         started = time.monotonic()
@@ -94,6 +100,19 @@ class PartialTranscripts:
         new = settled[len(self._sent) :]
         self._emit(UserTranscriptDelta(item_id, (" " if self._sent else "") + " ".join(new)))
         self._sent = settled
+
+    def pause(self) -> None:
+        """The user paused: the turn so far is being transcribed for the
+        speculative reply, so a partial of it is obsolete. The one in flight
+        is cancelled (a model that can skips the rest of its work) and none
+        starts until speech resumes."""
+        self._paused = True
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def resume(self) -> None:
+        self._paused = False
 
     def stop(self) -> None:
         """The turn ended (or the session closes): nothing more for it."""

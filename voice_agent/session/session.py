@@ -228,8 +228,12 @@ class VoiceSession:
         if isinstance(event, SpeechStarted):
             self._on_speech_started(event)
         elif isinstance(event, Paused):
+            if self._partials is not None:
+                self._partials.pause()
             self._start_speculation(event)
         elif isinstance(event, Resumed):
+            if self._partials is not None:
+                self._partials.resume()
             self._drop_speculation()
         else:
             self._on_turn_ended(event)
