@@ -285,7 +285,7 @@ async def test_serve_with_a_missing_parakeet_model_exits_with_how_to_fix_it(
     assert "cannot start" in text and "nowhere.nemo does not exist" in text
 
 
-def test_partials_are_on_by_default_except_for_a_remote_stt(
+def test_partials_are_on_by_default_for_parakeet_only(
     engine: Engine, parakeet: SttBackend, tiny_nemo_model: Path
 ) -> None:
     assert engine.models is not None and engine.models.stt.name == "faster-whisper"
@@ -298,7 +298,7 @@ def test_partials_are_on_by_default_except_for_a_remote_stt(
     }
     assert {name: c.partial_interval_ms for name, c in defaults.items()} == {
         "parakeet": 500,
-        "faster-whisper": 500,  # on its idle-priority copy of the model
+        "faster-whisper": 0,  # on with --stt-partial-lane idle
         "openai": 0,
     }
     # The setting wins over the backend's default.

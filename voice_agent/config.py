@@ -201,11 +201,12 @@ class Settings(BaseSettings):
         "(0 = off; default: the backend's, 500 for parakeet, off for faster-whisper and openai).",
     )
     stt_partial_lane: Literal["idle", "shared"] = Field(
-        "idle",
-        description="faster-whisper: where partial transcripts run. idle: on a second copy of the "
-        "model whose threads run at the OS's idle priority (SCHED_IDLE), so partials take only "
-        "CPU nothing else wants and are on by default (every 500 ms); shared: on the one model, "
-        "beside speculative transcripts, and off unless --stt-partial-interval-ms.",
+        "shared",
+        description="faster-whisper: where partial transcripts run. shared: on the one model, "
+        "beside speculative transcripts, and off unless --stt-partial-interval-ms. idle: on a "
+        "second copy of the model (about 80 MB) whose threads run at the OS's idle priority "
+        "(SCHED_IDLE), so partials take only CPU nothing else wants, on every 500 ms unless "
+        "--stt-partial-interval-ms (their words prefill the LLM).",
     )
     stt_base_url: str | None = Field(
         None, description="Base URL of an OpenAI-compatible STT server (for --stt openai)."

@@ -46,10 +46,11 @@ TOKENS_PER_SECOND = 10
 # heap per new shape (measured), for hundreds of calls. Shapes almost never
 # repeat, so a small cache costs no speed.
 ONEDNN_CACHE_CAPACITY = "32"
-# Partials on the idle-priority copy of the model: Whisper base takes 0.2-0.5 s
-# a transcription on 2 cores, so each speaking caller has about one running.
-# On the one shared model they would keep a core busy per speaking caller
-# beside the transcripts that matter, so there they are off by default.
+# Partials on the idle-priority copy of the model (--stt-partial-lane idle):
+# Whisper base takes 0.2-0.5 s a transcription on 2 cores, so each speaking
+# caller has about one running. On the one shared model they would keep a
+# core busy per speaking caller beside the transcripts that matter, so there
+# they are off by default.
 IDLE_LANE_PARTIAL_INTERVAL_MS = 500
 
 
