@@ -11,9 +11,10 @@ playing (``output_audio_buffer.stopped``), as a caller waits to hear it.
 The clients run in this process, at the server's priority by default. At a
 lower one (``--client-nice 10``, as bench/load.py runs its many callers) the
 client's own receive path waits while the server computes, and the time it
-reads for the first audio comes late: measured on 2 cores, the client heard
-the reply 130-160 ms after the server sent it, against 20-30 ms at nice 0,
-while the client's own work (about 9 % of a core) costs the server less.
+reads for the first audio comes late: measured on 2 cores, the client's
+median exceeded the server's median first frame by 55-161 ms in five runs at
+nice 10, against -71 to +32 ms in four at nice 0, while the client's own work
+(about 9 % of a core) costs the server less.
 """
 
 from __future__ import annotations
