@@ -8,6 +8,9 @@ own per-stage breakdown, and (with --calls N) pacing and memory under load.
 Each turn starts 0.5 s (``--gap``) after the previous reply has finished
 playing (``output_audio_buffer.stopped``), as a caller waits to hear it.
 
+    .venv/bin/python bench/latency.py                 # 10 turns, one call
+    .venv/bin/python bench/latency.py --calls 10      # 10 concurrent calls
+
 The clients run in this process, at the server's priority by default. At a
 lower one (``--client-nice 10``, as bench/load.py runs its many callers) the
 client's own receive path waits while the server computes, and the time it

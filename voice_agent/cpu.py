@@ -93,6 +93,33 @@ def lower_this_thread() -> None:
         log.warning("cannot lower inference thread priority: %s", exc)
 
 
+def call_at_idle_priority(func: Callable[[], T]) -> T:
+    """``func()`` in a thread of its own switched to SCHED_IDLE, waited for.
+    A model loaded there computes in threads that inherit the policy (on
+    Linux a scheduling policy is per thread, like niceness): they run only
+    on CPU nothing else wants, while the caller's thread keeps its priority.
+    Where the policy is refused (not Linux, a sandbox) ``func`` still runs."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError) as exc:
+            log.warning("cannot run at idle priority: %s", exc)
+        try:
+            results.append(func())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="idle-priority-load")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
 async def run_in_inference_thread(func: Callable[..., T], *args: object) -> T:
     """``func(*args)`` in a new thread at the inference niceness: a model
     loaded here creates its compute threads niced too."""

@@ -14,10 +14,9 @@ import asyncio
 import logging
 import os
 import re
-import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import ctranslate2
 import numpy as np
@@ -28,9 +27,10 @@ from voice_agent.audio.pcm import int16_to_float
 from voice_agent.backends import whisper_weights
 from voice_agent.backends.batching import BatchingWorker
 from voice_agent.config import Settings
-from voice_agent.cpu import default_parallel
+from voice_agent.cpu import call_at_idle_priority, default_parallel
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FULL_WINDOW_FRAMES = 3000  # 30 s of 10 ms mel frames
 TRIM_PAD_FRAMES = 100  # 1 s of padding after the utterance
@@ -117,13 +117,14 @@ class FasterWhisperStt:
         # Partials on a second copy of the model whose compute threads run at
         # the OS's idle priority: CTranslate2 computes in threads the model
         # creates, which inherit the creating thread's scheduling policy. A
-        # partial then takes only CPU nothing else wants, so partials can be
-        # on by default, and one still running when the user pauses barely
-        # slows the transcript that matters (measured: +16-53 ms on a final
-        # that ran beside a whole partial, against +200-260 ms on one model).
+        # partial then takes only CPU nothing else wants, and one still
+        # running when the user pauses barely slows the transcript that
+        # matters (measured: +16-53 ms on a final that ran beside a whole
+        # partial, against +200-260 ms on one model). The thread that feeds
+        # the model (and holds the GIL between calls) keeps its priority.
         self._partial_model: WhisperModel | None = None
         if partial_lane == "idle":
-            self._partial_model = _load_at_idle_priority(
+            self._partial_model = call_at_idle_priority(
                 lambda: WhisperModel(
                     str(path), device="cpu", compute_type="int8", cpu_threads=threads, num_workers=1
                 ),
@@ -148,7 +149,7 @@ class FasterWhisperStt:
         # shed (None) while finals wait, so it never delays one.
         self._worker: BatchingWorker[Utterance, str] = BatchingWorker(
             "stt-batch",
-            self._transcribe_batch,
+            lambda batch: self._transcribe_batch(batch, self._model),
             max_batch,
             batch_wait_ms / 1000.0,
             max_partial_batch=max_speculative_batch,
@@ -180,12 +181,9 @@ class FasterWhisperStt:
         window = min(FULL_WINDOW_FRAMES, frames + TRIM_PAD_FRAMES)
         return window + window % 2  # the encoder's stride-2 convolution wants an even length
 
-    def _transcribe_batch(
-        self, batch: list[Utterance], model: WhisperModel | None = None
-    ) -> list[str]:
+    def _transcribe_batch(self, batch: list[Utterance], model: WhisperModel) -> list[str]:
         """Runs in the worker's thread: the utterances of a batch share one
         encoder and decoder pass, each padded to the batch's longest window."""
-        model = model or self._model
         texts = [""] * len(batch)
         short: list[tuple[int, np.ndarray]] = []
         for i, utterance in enumerate(batch):
@@ -284,26 +282,10 @@ class FasterWhisperStt:
             await self._partial_worker.submit(Utterance(np.zeros(16000, dtype=np.int16)))
 
     async def transcribe(self, audio: np.ndarray) -> str:
-        utterance = Utterance(audio)
-        try:
-            return await self._worker.submit(utterance)
-        except asyncio.CancelledError:
-            utterance.abandoned = True
-            raise
+        return await _submitted(self._worker.submit, audio)
 
     async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
-        return await self._low_priority(self._worker, audio)
-
-    @staticmethod
-    async def _low_priority(
-        worker: BatchingWorker[Utterance, str], audio: np.ndarray
-    ) -> str | None:
-        utterance = Utterance(audio)
-        try:
-            return await worker.submit_partial(utterance)
-        except asyncio.CancelledError:
-            utterance.abandoned = True
-            raise
+        return await _submitted(self._worker.submit_partial, audio)
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         """Speech in progress, at the speculative work's low priority; None
@@ -312,13 +294,13 @@ class FasterWhisperStt:
             self._partials_too_long += 1
             return None
         if self._partial_worker is None:
-            return await self._low_priority(self._worker, audio)
+            return await _submitted(self._worker.submit_partial, audio)
         if self._worker.busy:
             # A transcript that matters is being made: a partial now would
             # only compete with it (and partials are worth least under load).
             self._partial_worker.stats.requests["partial_skipped"] += 1
             return None
-        return await self._low_priority(self._partial_worker, audio)
+        return await _submitted(self._partial_worker.submit_partial, audio)
 
     @property
     def in_flight(self) -> int:
@@ -344,31 +326,15 @@ class FasterWhisperStt:
             self._partial_worker.close()
 
 
-def _load_at_idle_priority(load: Callable[[], WhisperModel]) -> WhisperModel:
-    """``load()`` in a thread of its own switched to SCHED_IDLE: the threads
-    the model creates to compute in inherit it (on Linux a scheduling policy
-    is per thread). Only those threads run at idle priority; the caller's
-    thread, which holds the GIL between model calls, keeps its priority, so
-    a starved partial never holds up the event loop."""
-    loaded: list[WhisperModel] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (OSError, AttributeError) as exc:  # not Linux, or refused
-            log.warning("partial transcripts run at normal priority: %s", exc)
-        try:
-            loaded.append(load())
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="stt-partial-load")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return loaded[0]
+async def _submitted(submit: Callable[[Utterance], Awaitable[T]], audio: np.ndarray) -> T:
+    """``submit`` the audio; if the caller goes away meanwhile, the worker
+    thread sees the utterance abandoned and skips what is left of it."""
+    utterance = Utterance(audio)
+    try:
+        return await submit(utterance)
+    except asyncio.CancelledError:
+        utterance.abandoned = True
+        raise
 
 
 def create(settings: Settings) -> FasterWhisperStt:
