@@ -490,6 +490,15 @@ class Settings(BaseSettings):
         "LLM unless --llama-nice): the media path and signaling preempt inference.",
     )
 
+    blas_threads: int = Field(
+        1,
+        ge=0,
+        le=256,
+        description="Threads numpy's BLAS (OpenBLAS) may use in this process; 0: the library's "
+        "default. Its idle threads spin for ~0.1 s after every call, on the cores the models "
+        "need: after Whisper's feature extraction they slowed its encoder by 60 ms.",
+    )
+
     # --- operations ----------------------------------------------------
     log_level: str = Field("INFO", description="Logging level.")
     log_format: Literal["json", "text"] = Field("json", description="Log line format.")

@@ -65,6 +65,21 @@ def default_parallel(threads_per_job: int) -> int:
     return max(1, available_cores() // max(1, threads_per_job))
 
 
+def limit_blas_threads(threads: int) -> list[str]:
+    """Caps the BLAS libraries loaded in this process (numpy's OpenBLAS) at
+    ``threads``; returns the ones capped. OpenBLAS's worker threads spin for
+    about 0.1 s after each call before they sleep: a numpy matmul on the
+    media path or in Whisper's feature extraction leaves a core busy with
+    nothing while the models wait for it (measured: Whisper's encoder
+    60 ms slower right after its features). 0 leaves the libraries alone."""
+    if threads <= 0:
+        return []
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threadpool_limits(limits=threads, user_api="blas")
+    return [str(lib["filepath"]) for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
 # Niceness added to model inference threads (process-wide, set once at
 # start-up). On Linux niceness is per thread and inherited by the threads a
 # thread creates, so a model loaded in a niced thread computes in niced

@@ -36,7 +36,12 @@ from voice_agent.backends.llm_weights import weights_for
 from voice_agent.backends.stt_openai import HostedStt
 from voice_agent.backends.tts_openai import hosted as hosted_tts
 from voice_agent.config import Settings
-from voice_agent.cpu import default_threads, run_in_inference_thread, set_inference_nice
+from voice_agent.cpu import (
+    default_threads,
+    limit_blas_threads,
+    run_in_inference_thread,
+    set_inference_nice,
+)
 from voice_agent.session.prefill import PrefillGate
 from voice_agent.session.response import ReplySettings
 from voice_agent.session.session import Models, SessionConfig
@@ -144,6 +149,9 @@ class Engine:
             self.tools = ToolRegistry.from_module(s.tools, s.tool_timeout_s)
             log.info("tools loaded", extra={"tools": [t.name for t in self.tools.specs]})
         set_inference_nice(s.inference_nice)
+        capped = limit_blas_threads(s.blas_threads)
+        if capped:
+            log.info("blas threads capped", extra={"threads": s.blas_threads, "libraries": capped})
         # Loading is blocking work: keep the event loop (and /healthz) responsive.
         vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
         if self.links is not None:
