@@ -55,3 +55,27 @@ def test_flush_returns_the_unterminated_tail() -> None:
     assert chunker.push("no punctuation at all") == []
     assert chunker.flush() == ["no punctuation at all"]
     assert chunker.flush() == []
+
+
+def test_the_first_piece_ends_when_its_punctuation_arrives() -> None:
+    # The LLM streams tokens: waiting for the space after a full stop costs a token.
+    chunker = TextChunker()
+    assert chunker.push("That's a great") == []
+    assert chunker.push(" example.") == ["That's a great example."]
+    assert chunker.push(" A more respectable man.") == []  # later pieces: the space too
+    assert chunker.push(" He") == ["A more respectable man."]
+    for opening in ("Well,", "Really?", "Sure!", "Yes;"):
+        assert TextChunker().push(opening) == [opening]
+
+
+def test_punctuation_that_may_go_on_does_not_end_the_first_piece() -> None:
+    for start, rest, whole in (
+        ("It costs 3.", "5 dollars. More.", "It costs 3.5 dollars."),
+        ("About 1,", "000 people. More.", "About 1,000 people."),
+        ("At 10:", "30 sharp. More.", "At 10:30 sharp."),
+        ("Ask Dr.", " Smith today. More.", "Ask Dr. Smith today."),
+        ("Ask J.", " Jones now. More.", "Ask J. Jones now."),
+    ):
+        chunker = TextChunker()
+        assert chunker.push(start) == []
+        assert chunker.push(rest)[0] == whole

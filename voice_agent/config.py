@@ -192,7 +192,11 @@ class Settings(BaseSettings):
         8, ge=1, le=256, description="Most utterances one batched STT inference takes."
     )
     stt_batch_wait_ms: int = Field(
-        10, ge=0, le=1000, description="Longest an utterance waits for others to batch with."
+        0,
+        ge=0,
+        le=1000,
+        description="Longest an utterance that finds the STT idle waits for others to batch "
+        "with. 0: none; utterances that queue while a batch runs are still batched together.",
     )
     stt_partial_interval_ms: int | None = Field(
         None,

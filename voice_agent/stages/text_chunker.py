@@ -42,6 +42,11 @@ _LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
 _EMOJI = re.compile(
     "[\U0001f000-\U0001faff\U00002600-\U000027bf\U0001f900-\U0001f9ff\ufe0f\u200d]+"
 )
+# Punctuation that ends the first piece the moment it arrives, before the
+# space after it (one token sooner: ~22 ms of the embedded LLM here).
+_ENDS_NOW = ".!?…,;:—–"
+# After a digit these may still be inside a number: "3.5", "1,000", "10:30".
+_NUMBER_MARKS = ".,:"
 _SPACES = re.compile(r"\s+")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,!?;:])")
 
@@ -92,6 +97,8 @@ class TextChunker:
         for match in _CLAUSE_END.finditer(self._buffer):
             if len(self._buffer[: match.start()].split()) >= min_words:
                 return match.end()
+        if self._emitted == 0 and self._ends_now():
+            return len(self._buffer)
         if self._emitted == 0:
             # Cut after first_max_words complete words (a word is complete once
             # whitespace follows it).
@@ -99,6 +106,20 @@ class TextChunker:
             if len(words) > self._first_max_words:
                 return words[self._first_max_words - 1].end()
         return None
+
+    def _ends_now(self) -> bool:
+        """The buffer ends in punctuation that can only end a clause or a
+        sentence, though the space after it has not come yet."""
+        text = self._buffer
+        if len(text) < 2 or text[-1] not in _ENDS_NOW or not text[:-1].split():
+            return False
+        if text[-1] in _NUMBER_MARKS and text[-2].isdigit():
+            return False
+        if text[-1] == "." and self._is_abbreviation(len(text) - 1):
+            return False
+        if text[-1] in _ENDS_NOW[3:]:  # a clause mark: the first piece's minimum words
+            return len(text[:-1].split()) >= self._first_min_words
+        return True
 
     def _is_abbreviation(self, period_index: int) -> bool:
         word_start = self._buffer.rfind(" ", 0, period_index) + 1
