@@ -75,7 +75,19 @@ def test_punctuation_that_may_go_on_does_not_end_the_first_piece() -> None:
         ("At 10:", "30 sharp. More.", "At 10:30 sharp."),
         ("Ask Dr.", " Smith today. More.", "Ask Dr. Smith today."),
         ("Ask J.", " Jones now. More.", "Ask J. Jones now."),
+        ("At 5 p.", "m. sharp. More.", "At 5 p.m."),  # as before: "p.m." may end one
+        ("For e.g.", " apples. More.", "For e.g. apples."),
+        ("From 1990—", "2000 it grew. More.", "From 1990—2000 it grew."),
+        ("From 1990–", "2000 it grew. More.", "From 1990–2000 it grew."),
     ):
         chunker = TextChunker()
         assert chunker.push(start) == []
         assert chunker.push(rest)[0] == whole
+
+
+def test_marks_split_from_their_piece_are_not_spoken_alone() -> None:
+    chunker = TextChunker()
+    assert chunker.push("Really?") == ["Really?"]
+    assert chunker.push("! I had no idea. ") == ["I had no idea."]
+    assert chunker.push("...") == []
+    assert chunker.flush() == []

@@ -71,11 +71,14 @@ def limit_blas_threads(threads: int) -> list[str]:
     about 0.1 s after each call before they sleep: a numpy matmul on the
     media path or in Whisper's feature extraction leaves a core busy with
     nothing while the models wait for it (measured: Whisper's encoder
-    60 ms slower right after its features). 0 leaves the libraries alone."""
+    60 ms slower right after its features). An OpenBLAS loaded later (SciPy's
+    own, with NeMo or Coqui) reads the environment when it loads, so that is
+    set too. 0 leaves the libraries alone."""
     if threads <= 0:
         return []
     from threadpoolctl import threadpool_info, threadpool_limits
 
+    os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
     threadpool_limits(limits=threads, user_api="blas")
     return [str(lib["filepath"]) for lib in threadpool_info() if lib["user_api"] == "blas"]
 

@@ -96,7 +96,7 @@ class FasterWhisperStt:
         threads: int,
         window: Literal["trim", "full"] = "trim",
         max_batch: int = 4,
-        batch_wait_ms: int = 10,
+        batch_wait_ms: int = 0,
         max_speculative_batch: int = 2,
         parallel: int = 1,
         partial_max_s: float = 8.0,
