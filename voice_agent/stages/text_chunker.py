@@ -62,6 +62,11 @@ def speakable(text: str) -> str:
     return _SPACE_BEFORE_PUNCT.sub(r"\1", _SPACES.sub(" ", text)).strip()
 
 
+def _says_something(piece: str) -> bool:
+    """Marks alone (the "!" of a "?!" cut between them) have nothing to say."""
+    return any(char.isalnum() for char in piece)
+
+
 class TextChunker:
     def __init__(
         self, first_min_words: int = 1, clause_min_words: int = 6, first_max_words: int = 5
@@ -82,15 +87,14 @@ class TextChunker:
                 return pieces
             piece, self._buffer = self._buffer[:cut], self._buffer[cut:]
             spoken = speakable(piece)
-            # Marks alone (the "!" of a "?!" cut between them) have nothing to say.
-            if any(char.isalnum() for char in spoken):
+            if _says_something(spoken):
                 pieces.append(spoken)
                 self._emitted += 1
 
     def flush(self) -> list[str]:
         """End of the reply: whatever is left is the last piece."""
         rest, self._buffer = speakable(self._buffer), ""
-        return [rest] if any(char.isalnum() for char in rest) else []
+        return [rest] if _says_something(rest) else []
 
     def _find_cut(self) -> int | None:
         for match in _SENTENCE_END.finditer(self._buffer):
