@@ -285,6 +285,9 @@ async def main() -> None:
     if durations:
         print("\n" + table(durations, ["stage duration ms", "p50", "p95"]))
     pacing = stats["pacing"]
+    # Speculative transcripts run at partial priority; those refused at the
+    # idle-time pause (--stt-idle-early-ms) because the models were busy.
+    stt_requests = stats.get("stt", {}).get("requests", {})
     print(
         "\n"
         + table(
@@ -295,6 +298,15 @@ async def main() -> None:
                     for status in sorted({t.status for t in turns})
                 ],
                 ["turns without audio back", sum(t.client_ms is None for t in turns)],
+                [
+                    "STT requests: final / speculative",
+                    f"{stt_requests.get('final', '-')} / {stt_requests.get('partial', '-')}",
+                ],
+                [
+                    "speculations shed / idle-time declined",
+                    f"{stt_requests.get('partial_skipped', '-')}"
+                    f" / {stt_requests.get('idle_declined', '-')}",
+                ],
                 [
                     "offer -> answer (p50 ms)",
                     f"{statistics.median(s['connect_ms'] for s in setups):.0f}",

@@ -128,3 +128,50 @@ def test_silence_setting_changes_the_end_of_turn_delay() -> None:
     long = next(e for e in run(audio, TurnConfig(turn_silence_ms=1200)) if isinstance(e, TurnEnded))
     assert short.silence_ms == 300 and long.silence_ms == 1200
     assert short.audio_end_ms == long.audio_end_ms
+
+
+def _event_times(detector: TurnDetector, voiced: list[bool]) -> list[tuple[int, str]]:
+    """(ms, event) for each event of frames with these voice decisions."""
+    frame = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+    times: list[tuple[int, str]] = []
+    for index, is_voiced in enumerate(voiced, start=1):
+        for event in detector.push(frame, 1.0 if is_voiced else 0.0):
+            name = type(event).__name__
+            times.append((index * 20, name + ("(if idle)" if getattr(event, "if_idle", 0) else "")))
+    return times
+
+
+def test_the_idle_time_pause_comes_first_and_the_plain_pause_still_follows() -> None:
+    config = TurnConfig(early_ms=100, idle_early_ms=60, turn_silence_ms=500)
+    times = _event_times(TurnDetector(config), [True] * 25 + [False] * 30)
+    speech_end = 25 * 20
+    assert [(ms - speech_end, name) for ms, name in times[1:]] == [
+        (60, "Paused(if idle)"),
+        (100, "Paused"),
+        (500, "TurnEnded"),
+    ]
+    # Speaking on between the two pauses resumes the turn once; the next
+    # silence pauses at both thresholds again.
+    times = _event_times(
+        TurnDetector(config), [True] * 25 + [False] * 4 + [True] * 10 + [False] * 6
+    )
+    assert [name for _, name in times] == [
+        "SpeechStarted",
+        "Paused(if idle)",
+        "Resumed",
+        "Paused(if idle)",
+        "Paused",
+    ]
+
+
+def test_no_idle_time_pause_unless_it_comes_before_the_plain_one() -> None:
+    for idle_early_ms in (0, 100, 160):
+        config = TurnConfig(early_ms=100, idle_early_ms=idle_early_ms, turn_silence_ms=500)
+        times = _event_times(TurnDetector(config), [True] * 25 + [False] * 30)
+        assert [name for _, name in times] == ["SpeechStarted", "Paused", "TurnEnded"]
+    # A shorter end-of-turn silence caps the plain pause, and the idle-time
+    # pause must still come before it.
+    detector = TurnDetector(TurnConfig(early_ms=100, idle_early_ms=60, turn_silence_ms=500))
+    detector.set_silence_ms(60)
+    times = _event_times(detector, [True] * 25 + [False] * 5)
+    assert [name for _, name in times] == ["SpeechStarted", "Paused", "TurnEnded"]
