@@ -285,8 +285,8 @@ async def main() -> None:
     if durations:
         print("\n" + table(durations, ["stage duration ms", "p50", "p95"]))
     pacing = stats["pacing"]
-    # Speculative transcripts run at partial priority; those refused at the
-    # idle-time pause (--stt-idle-early-ms) because the models were busy.
+    # Speculative transcripts run at partial priority; shed: refused while
+    # finals waited.
     stt_requests = stats.get("stt", {}).get("requests", {})
     print(
         "\n"
@@ -302,11 +302,7 @@ async def main() -> None:
                     "STT requests: final / speculative",
                     f"{stt_requests.get('final', '-')} / {stt_requests.get('partial', '-')}",
                 ],
-                [
-                    "speculations shed / idle-time declined",
-                    f"{stt_requests.get('partial_skipped', '-')}"
-                    f" / {stt_requests.get('idle_declined', '-')}",
-                ],
+                ["speculations shed", stt_requests.get("partial_skipped", "-")],
                 [
                     "offer -> answer (p50 ms)",
                     f"{statistics.median(s['connect_ms'] for s in setups):.0f}",

@@ -7,19 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
-from aiohttp import web
 
 from tests.audio_data import librivox, reference, word_error_rate
-from voice_agent.backends.activity import MODELS, QUIET_S
-from voice_agent.backends.base import PriorityInferenceWorker
 from voice_agent.backends.stt_faster_whisper import FasterWhisperStt, without_restart
-from voice_agent.backends.stt_openai import HostedStt
-from voice_agent.engine import Engine
-from voice_agent.server.speech_api import add_speech_routes
 
 CLIPS = ["0930", "0880", "0890", "0920"]
 
@@ -89,35 +82,6 @@ async def test_a_speculation_dropped_while_it_is_encoded_is_never_decoded() -> N
         stt.close()
 
 
-async def test_a_transcript_at_the_idle_time_pause_runs_only_while_the_models_are_idle() -> None:
-    stt = FasterWhisperStt("base", "en", 2, max_batch=1, batch_wait_ms=0)
-    tts_worker = PriorityInferenceWorker("test-tts")
-    release = threading.Event()
-    try:
-        await asyncio.sleep(QUIET_S)  # whatever this process's models did before
-        text = await stt.transcribe_if_idle(librivox("0880"))
-        assert text is not None and word_error_rate(reference("0880"), text) <= 0.15
-        # That transcript was model work: just after it, the models are not idle.
-        assert await stt.transcribe_if_idle(librivox("0880")) is None
-        await asyncio.sleep(QUIET_S)
-        # A synthesis in flight on a TTS worker (another caller's reply) keeps
-        # them busy, and so does its end for a moment.
-        synthesis = asyncio.create_task(tts_worker.run(release.wait, 10.0))
-        await asyncio.sleep(0)
-        assert not MODELS.idle()
-        assert await stt.transcribe_if_idle(librivox("0880")) is None
-        release.set()
-        assert await synthesis
-        assert await stt.transcribe_if_idle(librivox("0880")) is None
-        await asyncio.sleep(QUIET_S)
-        assert await stt.transcribe_if_idle(librivox("0880")) == text
-        assert stt.stats()["requests"]["idle_declined"] == 3  # type: ignore[index]
-    finally:
-        release.set()
-        tts_worker.close()
-        stt.close()
-
-
 SCHED_IDLE = 5
 
 
@@ -155,31 +119,3 @@ async def test_partials_run_on_an_idle_priority_model_only_while_no_transcript_w
         assert isinstance(lane, dict) and lane["requests"]["partial"] == 1
     finally:
         stt.close()
-
-
-async def test_a_worker_asks_the_model_process_for_an_idle_time_transcript(
-    engine: Engine, tmp_path: Path
-) -> None:
-    """With --workers, a media worker's STT is the model process's speech API
-    (priority ``idle``): it answers only while that process's models are idle."""
-    assert engine.models is not None
-    app = web.Application()
-    add_speech_routes(app, engine.models.stt, engine.models.tts)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    socket_path = str(tmp_path / "speech.sock")
-    await web.UnixSite(runner, socket_path).start()
-    hosted = HostedStt(socket_path, 0, 30.0)
-    try:
-        await asyncio.sleep(QUIET_S)
-        text = await hosted.transcribe_if_idle(librivox("0880"))
-        assert text is not None and word_error_rate(reference("0880"), text) <= 0.15
-        await asyncio.sleep(QUIET_S)
-        MODELS.started()  # another caller's synthesis, say
-        try:
-            assert await hosted.transcribe_if_idle(librivox("0880")) is None
-        finally:
-            MODELS.ended()
-    finally:
-        await hosted.aclose()
-        await runner.cleanup()

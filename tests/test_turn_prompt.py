@@ -4,7 +4,6 @@ STT, a scripted LLM server that records every request)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -15,7 +14,6 @@ import pytest
 
 from tests import conftest
 from tests.audio_data import librivox, silence, with_pause
-from tests.logged import Logged
 from tests.realtime_events import appended_audio
 from tests.scripted_llm import (
     Script,
@@ -26,7 +24,6 @@ from tests.scripted_llm import (
     make_llm,
     scripted_llm_server,
 )
-from voice_agent.backends.activity import MODELS
 from voice_agent.backends.base import SttBackend
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
@@ -126,62 +123,3 @@ async def test_a_400_ms_pause_mid_sentence_gets_one_reply_to_the_whole_sentence(
     # reply's own request carried the whole sentence.
     assert peer.bodies()[-1]["messages"][-1]["content"].lower() == heard.strip()
     assert len(peer.bodies()) <= 2
-
-
-async def _spoken_turn(server_url: str, http: aiohttp.ClientSession) -> dict[str, Any]:
-    client = RealtimeClient(server_url)
-    await client.connect(http)
-    try:
-        await asyncio.wait_for(client.wait_for_type("session.created"), 10)
-        done = client.wait_for_type("response.done")
-        for event in appended_audio(np.concatenate((librivox("0930"), silence(1.0)))):
-            client.send(event)
-        response: dict[str, Any] = (await asyncio.wait_for(done, 30))["response"]
-    finally:
-        await client.hangup(http)
-    return response
-
-
-async def test_the_turn_is_transcribed_at_the_idle_time_pause_only_while_the_models_are_idle(
-    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
-) -> None:
-    """The first, shorter pause (--stt-idle-early-ms) is transcribed when no
-    model of the service computes; while one does (another caller's reply),
-    the STT declines at once and the plain pause's speculation answers."""
-    assert engine.models is not None
-    stt = engine.models.stt
-    peer.script_for = lambda body: Script(chat_text("Reply."))
-    llm = make_llm("chat-completions", peer.base_url)
-    scripted = engine_with_llm(engine, llm, llm_prefill=False)
-
-    def declined() -> int:
-        return int(stt.stats()["requests"]["idle_declined"])  # type: ignore[attr-defined]
-
-    def idle_time(logged: Logged) -> int:
-        return sum(r.msg == "speculating" and getattr(r, "if_idle", False) for r in logged.records)
-
-    try:
-        async with conftest.run_server(conftest.test_settings(), scripted) as server:
-            # Idle: at least one idle-time speculation ran (the caller's
-            # earlier pauses may leave the models busy for the last one).
-            before = declined()
-            with Logged("voice_agent.session", logging.DEBUG) as logged:
-                response = await _spoken_turn(server.url, http)
-            assert response["status"] == "completed"
-            assert idle_time(logged) > declined() - before
-            await asyncio.wait_for(server.calls.wait_for_count(0), 5)
-            # Busy: every idle-time speculation is declined, and the reply
-            # still comes from a speculation at the plain pause.
-            MODELS.started()
-            try:
-                before = declined()
-                with Logged("voice_agent.session", logging.DEBUG) as logged:
-                    response = await _spoken_turn(server.url, http)
-            finally:
-                MODELS.ended()
-            assert response["status"] == "completed"
-            assert idle_time(logged) == declined() - before >= 1
-            assert response["metadata"]["speculative"] == "true"
-            await asyncio.wait_for(server.calls.wait_for_count(0), 5)
-    finally:
-        await close_quietly(llm)

@@ -176,14 +176,6 @@ class Settings(BaseSettings):
         description="Pause after which the turn so far is transcribed speculatively (and a "
         "reply prepared, held until the turn ends).",
     )
-    stt_idle_early_ms: int = Field(
-        60,
-        ge=0,
-        description="A shorter pause after which the turn so far is transcribed speculatively "
-        "when the service's models are idle (nothing transcribed or synthesised in the last "
-        "0.5 s: in practice, one caller); otherwise the speculation waits for --stt-early-ms. "
-        "0 = off.",
-    )
 
     # --- STT: batching, partial transcripts, remote STT (issue 3) ----------
     stt_device: Literal["auto", "cpu", "cuda"] = Field(

@@ -58,7 +58,6 @@ def turn_config(s: Settings) -> TurnConfig:
         speech_start_ms=s.speech_start_ms,
         turn_silence_ms=s.turn_silence_ms,
         early_ms=s.stt_early_ms,
-        idle_early_ms=s.stt_idle_early_ms,
         preroll_ms=s.preroll_ms,
         max_turn_s=s.max_turn_s,
         threshold=s.vad_threshold if s.vad == "silero" else 0.5,

@@ -12,7 +12,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from voice_agent.backends.activity import MODELS
 from voice_agent.cpu import lower_this_thread
 
 T = TypeVar("T")
@@ -199,12 +198,10 @@ class PriorityInferenceWorker:
                 job.future.set_exception(exc)
                 continue
             self._running += 1
-            MODELS.started()
             running.add_done_callback(functools.partial(self._finished, job))
 
     def _finished(self, job: _Job[Any], running: asyncio.Future[Any]) -> None:
         self._running -= 1
-        MODELS.ended()
         if not job.future.done():
             if running.cancelled():
                 job.future.cancel()

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
-from voice_agent.backends.activity import MODELS
 from voice_agent.backends.base import InferenceWorker
 from voice_agent.backends.samples import Samples
 
@@ -67,13 +66,7 @@ class BatchStats:
     queue_wait: Samples = field(default_factory=Samples)
     inference: Samples = field(default_factory=Samples)
     requests: dict[str, int] = field(
-        default_factory=lambda: {
-            "final": 0,
-            "partial": 0,
-            "partial_skipped": 0,
-            "idle_declined": 0,  # the backend's idle-time speculations refused (models busy)
-            "cancelled": 0,
-        }
+        default_factory=lambda: {"final": 0, "partial": 0, "partial_skipped": 0, "cancelled": 0}
     )
 
     def snapshot(self) -> dict[str, object]:
@@ -98,7 +91,6 @@ class BatchingWorker(Generic[Req, Res]):
         max_partials: int = 64,
         max_partial_batch: int = 2,
         parallel: int = 1,
-        counts_as_activity: bool = True,
     ) -> None:
         if min(max_batch, max_queue, max_partial_batch, parallel) < 1 or max_wait_s < 0:
             raise ValueError(
@@ -122,9 +114,6 @@ class BatchingWorker(Generic[Req, Res]):
         self._batches: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        # A worker whose threads run at idle priority (the partial lane) takes
-        # no CPU from anyone: it does not make the models count as busy.
-        self._activity = MODELS if counts_as_activity else None
         self.stats = BatchStats()
 
     # -- submitting -----------------------------------------------------------
@@ -241,8 +230,6 @@ class BatchingWorker(Generic[Req, Res]):
             # before that step cancels the task unstarted, and must still
             # find these requests to fail them.
             self._batch_started(batch)
-            if self._activity is not None:
-                self._activity.started()  # ended in _batch_done, which every task reaches
             # Not awaited: the next batch forms while this one runs, when a
             # thread is free for it (with one thread, right after this one).
             task = asyncio.create_task(self._run(batch), name=f"{self.name}-batch")
@@ -252,8 +239,6 @@ class BatchingWorker(Generic[Req, Res]):
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._batches.discard(task)
         self._free_threads.release()
-        if self._activity is not None:
-            self._activity.ended()
         if not task.cancelled() and (error := task.exception()) is not None:
             # A bug in the bookkeeping, not the model (whose errors reach the
             # callers): whatever waits would wait forever. Fail it all.

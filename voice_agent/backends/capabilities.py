@@ -36,19 +36,6 @@ class SpeculativeTranscriber(Protocol):
 
 
 @runtime_checkable
-class IdleTimeTranscriber(Protocol):
-    """Transcribes the turn so far at the first short pause (--stt-idle-early-ms),
-    but only while this service's models are idle: work that pays off for a
-    lone caller and is mostly wasted under load."""
-
-    async def transcribe_if_idle(self, audio: np.ndarray) -> str | None:
-        """Transcript of 16 kHz int16 audio, or None at once when any model
-        of the service computes or did within the last moments (the
-        speculation then waits for the usual pause)."""
-        ...
-
-
-@runtime_checkable
 class WarmsUp(Protocol):
     """A local model whose first call pays for lazy initialisation. Remote
     backends lack this: a warm-up request to them would be billed."""

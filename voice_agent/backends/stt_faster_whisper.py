@@ -25,7 +25,6 @@ from faster_whisper.tokenizer import Tokenizer
 
 from voice_agent.audio.pcm import int16_to_float
 from voice_agent.backends import whisper_weights
-from voice_agent.backends.activity import MODELS
 from voice_agent.backends.batching import BatchingWorker
 from voice_agent.config import Settings
 from voice_agent.cpu import call_at_idle_priority, default_parallel
@@ -165,7 +164,6 @@ class FasterWhisperStt:
                 max_speculative_batch,
                 batch_wait_ms / 1000.0,
                 max_partial_batch=max_speculative_batch,
-                counts_as_activity=False,
             )
         log.info(
             "stt model loaded",
@@ -287,12 +285,6 @@ class FasterWhisperStt:
         return await _submitted(self._worker.submit, audio)
 
     async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
-        return await _submitted(self._worker.submit_partial, audio)
-
-    async def transcribe_if_idle(self, audio: np.ndarray) -> str | None:
-        if not MODELS.idle() or self._worker.busy:
-            self._worker.stats.requests["idle_declined"] += 1
-            return None
         return await _submitted(self._worker.submit_partial, audio)
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:

@@ -131,9 +131,6 @@ class HostedStt(OpenAIStt):
     async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
         return await self._request(audio, "speculative")
 
-    async def transcribe_if_idle(self, audio: np.ndarray) -> str | None:
-        return await self._request(audio, "idle")
-
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         return await self._request(audio, "partial")
 

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from voice_agent.audio.pcm import int16_to_float
-from voice_agent.backends.activity import MODELS
 from voice_agent.backends.batching import BatchingWorker
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.config import Settings
@@ -197,12 +196,6 @@ class ParakeetStt:
 
     async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
         # The same low priority as partials: shed while finals wait.
-        return await self.transcribe_partial(audio)
-
-    async def transcribe_if_idle(self, audio: np.ndarray) -> str | None:
-        if not MODELS.idle() or self._worker.busy:
-            self._worker.stats.requests["idle_declined"] += 1
-            return None
         return await self.transcribe_partial(audio)
 
     def stats(self) -> dict[str, object]:

@@ -12,10 +12,8 @@ Two fields beyond OpenAI's shape carry what a shared model needs to
 schedule well; a client that does not send them gets OpenAI's behaviour:
 
 - ``priority`` on a transcription: ``final`` (default), ``speculative`` (the
-  turn so far at a pause), ``idle`` (the same at the first short pause, taken
-  only while the models are idle) or ``partial`` (speech in progress).
-  Low-priority work is shed while finals wait, answered
-  ``{"text": null, "shed": true}``.
+  turn so far at a pause) or ``partial`` (speech in progress). Low-priority
+  work is shed while finals wait, answered ``{"text": null, "shed": true}``.
 - ``priority: "urgent"`` on speech: a reply's first piece, which goes before
   other replies' later pieces. ``sample_rate`` asks for PCM at that rate
   (default 24000, OpenAI's); the answer names it in ``X-Sample-Rate``.
@@ -38,7 +36,6 @@ from aiohttp import BodyPartReader, web
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import SttBackend, TtsBackend
 from voice_agent.backends.capabilities import (
-    IdleTimeTranscriber,
     PartialTranscriber,
     ReportsStats,
     SpeculativeTranscriber,
@@ -50,7 +47,7 @@ STT_RATE = 16_000
 OPENAI_PCM_RATE = 24_000
 MAX_AUDIO_BYTES = 30 * 1024 * 1024  # ~15 minutes of 16 kHz PCM16
 MAX_SPEECH_CHARS = 4096  # OpenAI's own limit on `input`
-PRIORITIES = ("final", "speculative", "idle", "partial")
+PRIORITIES = ("final", "speculative", "partial")
 
 
 class SpeechRequestError(Exception):
@@ -122,12 +119,6 @@ def add_speech_routes(app: web.Application, stt: SttBackend, tts: TtsBackend) ->
         text: str | None
         if priority == "speculative" and isinstance(stt, SpeculativeTranscriber):
             text = await stt.transcribe_speculative(audio)
-        elif priority == "idle":
-            # A model that cannot tell whether it is idle is not asked.
-            if isinstance(stt, IdleTimeTranscriber):
-                text = await stt.transcribe_if_idle(audio)
-            else:
-                text = None
         elif priority == "partial":
             if not isinstance(stt, PartialTranscriber):
                 return _error(400, "unsupported", f"the {stt.name} model has no partials")

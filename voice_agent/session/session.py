@@ -30,11 +30,7 @@ from voice_agent.backends.base import (
     TtsBackend,
     VadBackend,
 )
-from voice_agent.backends.capabilities import (
-    IdleTimeTranscriber,
-    PartialTranscriber,
-    SpeculativeTranscriber,
-)
+from voice_agent.backends.capabilities import PartialTranscriber, SpeculativeTranscriber
 from voice_agent.backends.samples import Samples
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import (
@@ -128,20 +124,6 @@ class _Speculation:
     stt_task: asyncio.Task[str | None]  # None: shed under load
     response: Response | None = None
     metrics: TurnMetrics | None = None
-    # Started at the idle-time pause (--stt-idle-early-ms); the plain pause,
-    # once reached, is kept here in case the STT declines (models busy).
-    if_idle: bool = False
-    pause: Paused | None = None
-
-    def declined(self) -> bool:
-        """The STT answered None: shed, or (if_idle) the models were busy."""
-        task = self.stt_task
-        return (
-            task.done()
-            and not task.cancelled()
-            and task.exception() is None
-            and (task.result() is None)
-        )
 
 
 class VoiceSession:
@@ -248,10 +230,7 @@ class VoiceSession:
         elif isinstance(event, Paused):
             if self._partials is not None:
                 self._partials.pause()
-            if event.if_idle:
-                self._start_idle_speculation(event)
-            else:
-                self._on_pause(event)
+            self._start_speculation(event)
         elif isinstance(event, Resumed):
             if self._partials is not None:
                 self._partials.resume()
@@ -285,42 +264,18 @@ class VoiceSession:
         return detection.interrupt_response or not self._replying()
 
     # -- speculation ------------------------------------------------------------
-    def _start_idle_speculation(self, event: Paused) -> None:
-        """The first, shorter pause: worth a transcript only if the STT can
-        tell the service is idle (and says None at once otherwise)."""
-        stt = self.models.stt
-        if isinstance(stt, IdleTimeTranscriber):
-            self._start_speculation(event, stt.transcribe_if_idle(event.audio), if_idle=True)
-
-    def _on_pause(self, event: Paused) -> None:
-        spec = self._speculation
-        if (
-            spec is not None
-            and spec.if_idle
-            and spec.audio_end_ms == event.audio_end_ms
-            and not spec.declined()
-        ):
-            spec.pause = event  # the idle-time transcript stands (or is on its way)
-            return
+    def _start_speculation(self, event: Paused) -> None:
+        self._drop_speculation()
+        log.debug("speculating", extra={"session": self.id, "audio_end_ms": event.audio_end_ms})
+        metrics = TurnMetrics(speculative=True, stt_start=now())
         stt = self.models.stt
         transcript: Coroutine[Any, Any, str | None] = (
             stt.transcribe_speculative(event.audio)
             if isinstance(stt, SpeculativeTranscriber)
             else stt.transcribe(event.audio)
         )
-        self._start_speculation(event, transcript, if_idle=False)
-
-    def _start_speculation(
-        self, event: Paused, transcript: Coroutine[Any, Any, str | None], if_idle: bool
-    ) -> None:
-        self._drop_speculation()
-        log.debug(
-            "speculating",
-            extra={"session": self.id, "audio_end_ms": event.audio_end_ms, "if_idle": if_idle},
-        )
-        metrics = TurnMetrics(speculative=True, stt_start=now())
         task = asyncio.create_task(transcript, name="stt-early")
-        spec = _Speculation(event.audio_end_ms, task, metrics=metrics, if_idle=if_idle)
+        spec = _Speculation(event.audio_end_ms, task, metrics=metrics)
         self._speculation = spec
         generation = self._generation
         task.add_done_callback(lambda t: self._on_early_transcript(spec, t, generation))
@@ -329,12 +284,6 @@ class VoiceSession:
         self, spec: _Speculation, task: asyncio.Task[str | None], gen: int
     ) -> None:
         if task.cancelled() or task.exception() is not None:
-            return
-        if task.result() is None and spec.if_idle:
-            # Declined (the models were busy). If the plain pause came while
-            # the answer travelled, its speculation starts now.
-            if self._speculation is spec and spec.pause is not None and not self._closed:
-                self._on_pause(spec.pause)
             return
         if task.result() is None:  # shed under load: the final transcript will come
             self.speculations_shed += 1

@@ -3,9 +3,7 @@
 Fed 20 ms frames of 16 kHz audio, it decides when the user starts speaking
 (enough voiced frames in a short window), when they pause (a short silence:
 the moment to transcribe speculatively), when they resume, and when their turn
-ends (a long enough silence). With ``idle_early_ms`` set, a shorter silence
-first gives an idle-time pause: the moment to transcribe if nothing else
-would be slowed by it (the session asks the STT). Audio from just before the onset is kept so the
+ends (a long enough silence). Audio from just before the onset is kept so the
 first syllable, which VADs detect late, is not lost.
 """
 
@@ -26,7 +24,6 @@ class TurnConfig:
     speech_start_ms: int = 100
     turn_silence_ms: int = 500
     early_ms: int = 150
-    idle_early_ms: int = 0  # 0, or not below early_ms: no idle-time pause
     preroll_ms: int = 300
     max_turn_s: float = 30.0
     threshold: float = 0.5
@@ -39,14 +36,11 @@ class SpeechStarted:
 
 @dataclass(frozen=True)
 class Paused:
-    """The user has been quiet for ``early_ms`` (``if_idle``: for ``idle_early_ms``,
-    and a plain pause follows if the silence lasts): their words so far are
-    final unless they resume. ``audio`` is the turn up to the last voiced
-    frame."""
+    """The user has been quiet for ``early_ms``: their words so far are final
+    unless they resume. ``audio`` is the turn up to the last voiced frame."""
 
     audio: np.ndarray
     audio_end_ms: int
-    if_idle: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,7 +66,6 @@ class TurnDetector:
         self._start_frames = max(1, config.speech_start_ms // FRAME_MS)
         self._end_frames = max(1, config.turn_silence_ms // FRAME_MS)
         self._early_frames = max(1, min(config.early_ms, config.turn_silence_ms) // FRAME_MS)
-        self._idle_early_frames = self._idle_early_frames_for(self._early_frames)
         self._max_frames = int(config.max_turn_s * 1000 / FRAME_MS)
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, config.preroll_ms // FRAME_MS))
         self._recent: deque[bool] = deque(maxlen=self._start_frames)
@@ -97,14 +90,9 @@ class TurnDetector:
         """The turn in progress so far, pre-roll included."""
         return np.concatenate(self._turn) if self._turn else np.zeros(0, dtype=np.int16)
 
-    def _idle_early_frames_for(self, early_frames: int) -> int:
-        frames = self.config.idle_early_ms // FRAME_MS
-        return frames if 0 < frames < early_frames else 0  # 0: never (silences count from 1)
-
     def set_silence_ms(self, silence_ms: int) -> None:
         self._end_frames = max(1, silence_ms // FRAME_MS)
         self._early_frames = max(1, min(self.config.early_ms, silence_ms) // FRAME_MS)
-        self._idle_early_frames = self._idle_early_frames_for(self._early_frames)
 
     def set_preroll_ms(self, preroll_ms: int) -> None:
         """Keep this much audio from before an onset (from the next turn on)."""
@@ -171,16 +159,9 @@ class TurnDetector:
                 events.append(Resumed())
         else:
             self._silent_frames += 1
-            # Each threshold is crossed once per silence: voice resets the count.
-            if self._silent_frames in (self._idle_early_frames, self._early_frames):
-                self._paused = True
-                events.append(
-                    Paused(
-                        audio=self._voiced_audio(),
-                        audio_end_ms=self._end_ms(),
-                        if_idle=self._silent_frames == self._idle_early_frames,
-                    )
-                )
+        if not self._paused and self._silent_frames == self._early_frames:
+            self._paused = True
+            events.append(Paused(audio=self._voiced_audio(), audio_end_ms=self._end_ms()))
         if self._silent_frames >= self._end_frames or len(self._turn) >= self._max_frames:
             events.append(
                 TurnEnded(
