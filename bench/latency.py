@@ -118,45 +118,54 @@ async def reply_heard(client: RealtimeClient, response_id: str, mark: int) -> No
         return
 
 
-async def one_call(
-    url: str, http: aiohttp.ClientSession, index: int, turns: int, gap_s: float
-) -> tuple[list[Turn], dict[str, float]]:
+async def spoken_turn(client: RealtimeClient, index: int, clip: str, gap_s: float) -> Turn:
+    """One turn of a connected call: the clip, its reply waited for and
+    heard out, then ``gap_s`` of quiet."""
+    speech, tail = speech_and_tail(clip)
+    mark = len(client.events)
+    done = client.wait_for(lambda e: e.get("type") == "response.done", after=mark)
+    speech_end = await client.mic.play(speech, 16000)
+    client.mic.play(tail, 16000)
+    try:
+        event = await asyncio.wait_for(done, 60)
+    except TimeoutError:
+        return Turn(index, clip, None, "timeout")
+    response = event["response"]
+    await reply_heard(client, response["id"], mark)
+    first = client.received.first_sound_after(speech_end)
+    metadata = response.get("metadata") or {}
+    turn = Turn(
+        index,
+        clip,
+        (first - speech_end) * 1000 if first else None,
+        response["status"],
+        {k: float(v) for k, v in metadata.items() if k != "speculative"},
+        metadata.get("speculative") == "true",
+    )
+    await asyncio.sleep(gap_s)
+    return turn
+
+
+async def connected(url: str, http: aiohttp.ClientSession) -> tuple[RealtimeClient, float]:
+    """A new call, once the session exists, and its offer -> answer ms."""
     client = RealtimeClient(url)
     offered = time.monotonic()
     await client.connect(http)
-    connected = time.monotonic()
+    connected_at = time.monotonic()
     await asyncio.wait_for(client.wait_for_type("session.created"), 10)
-    setup = {"connect_ms": (connected - offered) * 1000}
-    results: list[Turn] = []
-    for turn in range(turns):
-        clip = CLIPS[(turn + index) % len(CLIPS)]
-        speech, tail = speech_and_tail(clip)
-        mark = len(client.events)
-        done = client.wait_for(lambda e: e.get("type") == "response.done", after=mark)
-        speech_end = await client.mic.play(speech, 16000)
-        client.mic.play(tail, 16000)
-        try:
-            event = await asyncio.wait_for(done, 60)
-        except TimeoutError:
-            results.append(Turn(index, clip, None, "timeout"))
-            continue
-        response = event["response"]
-        await reply_heard(client, response["id"], mark)
-        first = client.received.first_sound_after(speech_end)
-        metadata = response.get("metadata") or {}
-        results.append(
-            Turn(
-                index,
-                clip,
-                (first - speech_end) * 1000 if first else None,
-                response["status"],
-                {k: float(v) for k, v in metadata.items() if k != "speculative"},
-                metadata.get("speculative") == "true",
-            )
-        )
-        await asyncio.sleep(gap_s)
+    return client, (connected_at - offered) * 1000
+
+
+async def one_call(
+    url: str, http: aiohttp.ClientSession, index: int, turns: int, gap_s: float
+) -> tuple[list[Turn], dict[str, float]]:
+    client, connect_ms = await connected(url, http)
+    results = [
+        await spoken_turn(client, index, CLIPS[(turn + index) % len(CLIPS)], gap_s)
+        for turn in range(turns)
+    ]
     await client.hangup(http)
-    return results, setup
+    return results, {"connect_ms": connect_ms}
 
 
 def pct(values: list[float], q: float) -> float:
