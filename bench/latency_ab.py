@@ -2,7 +2,7 @@
 
 These 2-core machines have slow and fast spells lasting minutes: the same
 code's p50 moved from 756 to 994 ms between two 12-turn runs of
-bench/latency.py half an hour apart. Alternating whole runs of each setting
+bench/latency.py a quarter of an hour apart. Alternating whole runs of each setting
 needs many of them to see a 40 ms effect. This starts two servers, the
 baseline (``--server-arg`` flags) and the variant (the same plus
 ``--versus`` flags), keeps one call open to each, and alternates single
