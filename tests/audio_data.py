@@ -53,6 +53,17 @@ def word_error_rate(reference_text: str, hypothesis: str) -> float:
     return dist[len(hyp)] / max(1, len(ref))
 
 
+def heard_as_its_own(clip: str, transcript: str, clips: list[str]) -> bool:
+    """A concurrent caller's transcript is theirs and intelligible: closer to
+    its own clip than to any other caller's, within 0.3 word error rate.
+    (Whisper base hears 0880's "ill-disposed" as "ill-sposed" or "old
+    supposed" depending on the host's int8 kernels and the batch's padding:
+    one or two errors in eight words.)"""
+    own = word_error_rate(reference(clip), transcript)
+    others = [word_error_rate(reference(c), transcript) for c in clips if c != clip]
+    return own <= 0.3 and all(own < other for other in others)
+
+
 def speech_bounds(samples: np.ndarray, threshold_db: float = -35.0) -> tuple[float, float]:
     """First and last 10 ms window (in seconds) louder than ``threshold_db``."""
     loud = np.nonzero(_levels_db(samples) > threshold_db)[0]

@@ -9,7 +9,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests.audio_data import librivox, reference, silence, word_error_rate
+from tests.audio_data import heard_as_its_own, librivox, reference, silence, word_error_rate
 from tests.conftest import ServerFactory
 from voice_agent.client import RealtimeClient
 
@@ -169,7 +169,7 @@ async def test_five_simultaneous_callers_each_get_their_own_answer(
 
     results = await asyncio.gather(*(caller(clip) for clip in clips))
     for clip, (transcript, response, first_sound) in zip(clips, results, strict=True):
-        assert word_error_rate(reference(clip), transcript) <= 0.2, (clip, transcript)
+        assert heard_as_its_own(clip, transcript, clips), (clip, transcript)
         assert response["status"] == "completed", response.get("status_details")
         assert response["output"][0]["content"][0]["transcript"].strip()
         assert first_sound is not None

@@ -18,7 +18,7 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.serving import start_server, wait_ready
-from tests.audio_data import librivox, reference, silence, word_error_rate
+from tests.audio_data import heard_as_its_own, librivox, silence
 from voice_agent.client import RealtimeClient
 
 pytestmark = pytest.mark.e2e
@@ -88,7 +88,7 @@ async def test_three_callers_over_two_workers_are_all_answered_and_routed_to_the
     clips = ["0930", "0880", "0890"]
     results = await asyncio.gather(*(spoken_turn(server, http, clip) for clip in clips))
     for clip, (_, transcript, response, first_sound) in zip(clips, results, strict=True):
-        assert word_error_rate(reference(clip), transcript) <= 0.2, (clip, transcript)
+        assert heard_as_its_own(clip, transcript, clips), (clip, transcript)
         assert response["status"] == "completed", response.get("status_details")
         assert response["output"][0]["content"][0]["transcript"].strip()
         assert first_sound is not None, "no audible answer came back"
