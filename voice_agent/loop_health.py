@@ -115,6 +115,9 @@ class LoopHealthMonitor:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._sample: tuple[float, LoopSample] | None = None  # (due, sample) of this stall
+        # How many stalls the watchdog has sampled while they lasted: a stall
+        # that ended before the watchdog thread got the CPU is logged unnamed.
+        self.samples_taken = 0
         # The generation being collected, while the garbage collector runs:
         # it stops every thread, and the frame it interrupted is no culprit.
         self._collecting: int | None = None
@@ -249,6 +252,7 @@ class LoopHealthMonitor:
                 sample = self._sample_loop()
                 with self._lock:
                     self._sample = (due, sample)
+                    self.samples_taken += 1
             elif overdue >= self.hung_after_s and due != hung_told:
                 hung_told = due
                 sample = self._sample_loop()
