@@ -74,15 +74,36 @@ async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--versus", action="append", required=True, help="the variant's flag")
+    parser.add_argument("--versus", action="append", default=[], help="the variant's flag")
+    parser.add_argument(
+        "--baseline-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the baseline's server only (a lever that is an "
+        "environment change: the baseline runs the old environment)",
+    )
+    parser.add_argument(
+        "--versus-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the variant's server only",
+    )
     parser.add_argument("--server-arg", action="append", default=[], help="both arms' flag")
     parser.add_argument("--turns", type=int, default=20, help="turns per arm")
     parser.add_argument("--gap", type=float, default=0.5, help="seconds between turns")
     args = parser.parse_args()
+    if not (args.versus or args.versus_env or args.baseline_env):
+        parser.error("nothing differs: give --versus, --versus-env or --baseline-env")
 
     restrict_host_addresses(["127.0.0.1"])
     flags = {"baseline": args.server_arg, "variant": [*args.server_arg, *args.versus]}
-    servers = {arm: await start_server(*flags[arm]) for arm in ARMS}
+    envs = {
+        "baseline": dict(pair.split("=", 1) for pair in args.baseline_env),
+        "variant": dict(pair.split("=", 1) for pair in args.versus_env),
+    }
+    servers = {arm: await start_server(*flags[arm], env=envs[arm]) for arm in ARMS}
     turns: dict[str, list[Turn]] = {arm: [] for arm in ARMS}
     try:
         async with aiohttp.ClientSession() as http:
@@ -104,7 +125,8 @@ async def main() -> None:
         for process, _ in servers.values():
             await process.wait()
 
-    print(f"\n## {args.turns} turn pairs; variant: {' '.join(args.versus)}\n")
+    differs = [*args.versus, *args.versus_env, *(f"(baseline: {e})" for e in args.baseline_env)]
+    print(f"\n## {args.turns} turn pairs; variant: {' '.join(differs)}\n")
     rows = [
         [
             k,

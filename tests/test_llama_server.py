@@ -4,10 +4,14 @@ its clients expect it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
+from voice_agent.backends import OMP_DEFAULT_MARK
 from voice_agent.backends.base import ChatMessage
 from voice_agent.backends.llama_server import (
     EmbeddedLlamaServer,
@@ -95,3 +99,61 @@ async def test_a_wrapper_commands_server_goes_with_it_on_a_restart_and_at_stop()
         for pid in left:  # a failed run must not leave them behind either
             os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
+
+
+async def test_with_spin_the_server_does_not_inherit_this_processs_passive_openmp_waiting() -> None:
+    """This process's OpenMP runtimes wait passively (set at import); ggml's
+    threads meet at a barrier after every operation, where passive waiting
+    made one caller's tokens 2.5x as slow (README, issue 16's ninth round)."""
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    for omp_wait, expected in (("spin", None), ("passive", "PASSIVE")):
+        server = EmbeddedLlamaServer(default_model_path(), threads=1, ctx=512, omp_wait=omp_wait)
+        await server.start()
+        try:
+            assert server._process is not None
+            child = environment_of(server._process.pid)
+            assert child.get("OMP_WAIT_POLICY") == expected, omp_wait
+            assert child["PATH"] == os.environ["PATH"]  # the rest is passed on
+        finally:
+            await server.stop()
+
+
+def llama_environment_in_a_new_process(env: dict[str, str], omp_wait: str) -> dict[str, str]:
+    """What a service started with ``env`` would give its llama-server."""
+    code = (
+        "import json; from voice_agent.backends import llama_server; "
+        f"print(json.dumps(llama_server.child_environment({omp_wait!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return dict(json.loads(done.stdout))
+
+
+def test_an_operators_openmp_wait_policy_wins_and_an_inherited_default_is_not_theirs() -> None:
+    # A service started by a process that imported this package (a benchmark,
+    # a test) inherits its default, marked as such: the setting decides.
+    inherited = dict(os.environ)
+    spin = llama_environment_in_a_new_process(inherited, "spin")
+    assert "OMP_WAIT_POLICY" not in spin and OMP_DEFAULT_MARK not in spin
+    assert spin["GOMP_SPINCOUNT"] == "1000"
+    assert (
+        llama_environment_in_a_new_process({**inherited, "GOMP_SPINCOUNT": "5"}, "spin")[
+            "GOMP_SPINCOUNT"
+        ]
+        == "5"
+    )
+    assert llama_environment_in_a_new_process(inherited, "passive")["OMP_WAIT_POLICY"] == "PASSIVE"
+    # One the operator set is theirs, passed on as it is whatever the setting.
+    operator = {k: v for k, v in os.environ.items() if k != OMP_DEFAULT_MARK}
+    for policy in ("PASSIVE", "ACTIVE"):
+        for omp_wait in ("spin", "passive"):
+            chosen = llama_environment_in_a_new_process(
+                {**operator, "OMP_WAIT_POLICY": policy}, omp_wait
+            )
+            assert chosen["OMP_WAIT_POLICY"] == policy

@@ -242,6 +242,7 @@ class Engine:
                 parallel=s.llama_parallel,
                 cache_ram_mb=s.llama_cache_ram_mb,
                 verbose=s.llama_verbose,
+                omp_wait=s.llama_omp_wait,
             )
             await self.llama.start(supervise=False)
             base_url = self.llama.base_url
