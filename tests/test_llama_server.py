@@ -15,6 +15,7 @@ from voice_agent.backends import OMP_DEFAULT_MARK
 from voice_agent.backends.base import ChatMessage
 from voice_agent.backends.llama_server import (
     EmbeddedLlamaServer,
+    OmpWait,
     default_model_path,
     find_llama_server,
 )
@@ -111,7 +112,8 @@ async def test_with_spin_the_server_does_not_inherit_this_processs_passive_openm
     threads meet at a barrier after every operation, where passive waiting
     made one caller's tokens 2.5x as slow (README, issue 16's ninth round)."""
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    for omp_wait, expected in (("spin", None), ("passive", "PASSIVE")):
+    cases: tuple[tuple[OmpWait, str | None], ...] = (("spin", None), ("passive", "PASSIVE"))
+    for omp_wait, expected in cases:
         server = EmbeddedLlamaServer(default_model_path(), threads=1, ctx=512, omp_wait=omp_wait)
         await server.start()
         try:

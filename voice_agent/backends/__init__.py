@@ -13,9 +13,9 @@ import os
 # call). Passive waiting must be chosen before the OpenMP runtime starts,
 # hence at import. The embedded llama-server, a child process, has its own
 # setting (--llama-omp-wait, llama_server.child_environment); what the
-# operator set, if anything, is kept here for it. The mark tells our default from an
-# operator's in processes that inherit it (a media worker, a server started
-# by a benchmark or a test that imported this package).
+# operator set, if anything, is kept here for it. The mark tells our default
+# from an operator's in processes that inherit it (a media worker, a server
+# started by a benchmark or a test that imported this package).
 OMP_DEFAULT_MARK = "VOICE_AGENT_OMP_WAIT_POLICY_DEFAULTED"
 OPERATOR_OMP_WAIT_POLICY: str | None = None
 if "OMP_WAIT_POLICY" in os.environ and os.environ.get(OMP_DEFAULT_MARK) != "1":

@@ -25,13 +25,16 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
 from voice_agent.backends import OMP_DEFAULT_MARK, OPERATOR_OMP_WAIT_POLICY
 from voice_agent.backends.llama_exits import ChildExit, what_to_try
 from voice_agent.backends.packaged import package_dir
+
+# How ggml's OpenMP threads wait at their barriers (child_environment).
+OmpWait = Literal["passive", "spin"]
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ class EmbeddedLlamaServer:
         cache_ram_mb: int = 256,
         cache_reuse: int = 256,
         verbose: bool = False,
-        omp_wait: str = "passive",
+        omp_wait: OmpWait = "passive",
     ) -> None:
         if command is None and not model_path.is_file():
             raise LlamaServerError(f"GGUF model not found: {model_path}")
@@ -512,10 +515,13 @@ def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> N
         os.killpg(process.pid, sig)
 
 
-SPIN_COUNT = "1000"  # libgomp's spins before it sleeps, with --llama-omp-wait spin
+# libgomp's spins before it sleeps, with --llama-omp-wait spin: long enough
+# for a barrier whose partner is running, short enough not to spin long
+# while the partner waits for a core.
+SPIN_COUNT = "1000"
 
 
-def child_environment(omp_wait: str = "passive") -> dict[str, str]:
+def child_environment(omp_wait: OmpWait = "passive") -> dict[str, str]:
     """The service's environment, with OpenMP's wait policy for ggml's
     threads: ``passive`` (sleep at every barrier, as this package's own
     runtimes do) or ``spin`` (spin SPIN_COUNT times first, then sleep). An
@@ -535,9 +541,6 @@ def child_environment(omp_wait: str = "passive") -> dict[str, str]:
         env["OMP_WAIT_POLICY"] = OPERATOR_OMP_WAIT_POLICY
     elif omp_wait == "spin":
         env.pop("OMP_WAIT_POLICY", None)
-        # Long enough for a barrier whose partner is running (a few
-        # microseconds), short enough not to spin while it waits for a core:
-        # with OpenMP's default count five callers were slower.
         env.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
     else:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
