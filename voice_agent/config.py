@@ -349,12 +349,13 @@ class Settings(BaseSettings):
         "(default: --inference-nice).",
     )
     llama_omp_wait: Literal["passive", "spin"] = Field(
-        "passive",
+        "spin",
         description="How the embedded llama.cpp's OpenMP threads wait at the barrier after "
-        "each operation: passive = sleep; spin = spin 1000 times first (GOMP_SPINCOUNT). One "
-        "caller, paired: replies 0.74x as late at the median, 20 of 20 turns sooner; five "
-        "callers about even (README, issue 16's ninth round). OMP_WAIT_POLICY or "
-        "GOMP_SPINCOUNT set in the environment wins.",
+        "each operation: spin = spin 1000 times first (GOMP_SPINCOUNT), then sleep; passive = "
+        "sleep at once. One caller, paired: spin's replies 0.74x as late at the median, 20 "
+        "of 20 turns sooner; five callers even over ten alternated pairs (README, issue 16's "
+        "ninth and tenth rounds). OMP_WAIT_POLICY or GOMP_SPINCOUNT set in the environment "
+        "wins.",
     )
     llama_poll: int = Field(
         50,

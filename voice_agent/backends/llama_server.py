@@ -120,7 +120,7 @@ class EmbeddedLlamaServer:
         cache_ram_mb: int = 256,
         cache_reuse: int = 256,
         verbose: bool = False,
-        omp_wait: OmpWait = "passive",
+        omp_wait: OmpWait = "spin",
     ) -> None:
         if command is None and not model_path.is_file():
             raise LlamaServerError(f"GGUF model not found: {model_path}")
@@ -515,13 +515,13 @@ def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> N
         os.killpg(process.pid, sig)
 
 
-# libgomp's spins before it sleeps, with --llama-omp-wait spin: long enough
-# for a barrier whose partner is running, short enough not to spin long
-# while the partner waits for a core.
+# libgomp's spins before it sleeps, with --llama-omp-wait spin (the
+# default): long enough for a barrier whose partner is running, short enough
+# not to spin long while the partner waits for a core.
 SPIN_COUNT = "1000"
 
 
-def child_environment(omp_wait: OmpWait = "passive") -> dict[str, str]:
+def child_environment(omp_wait: OmpWait = "spin") -> dict[str, str]:
     """The service's environment, with OpenMP's wait policy for ggml's
     threads: ``passive`` (sleep at every barrier, as this package's own
     runtimes do) or ``spin`` (spin SPIN_COUNT times first, then sleep). An
@@ -534,7 +534,8 @@ def child_environment(omp_wait: OmpWait = "passive") -> dict[str, str]:
     9 spinning, the first token 90 against 62 ms; 11.8 ms with a spin count
     of 1000. With five callers on the same 2 cores OpenMP's default count
     lost (a thread spins while its partner waits for a core); a count of
-    1000 was about even with passive (README, issue 16's ninth round)."""
+    1000 was even with passive over ten alternated pairs (README, issue
+    16's ninth and tenth rounds), hence the default."""
     env = dict(os.environ)
     env.pop(OMP_DEFAULT_MARK, None)
     if OPERATOR_OMP_WAIT_POLICY is not None:
