@@ -536,15 +536,13 @@ def child_environment(omp_wait: OmpWait = "spin") -> dict[str, str]:
     lost (a thread spins while its partner waits for a core); a count of
     1000 was even with passive over ten alternated pairs (README, issue
     16's ninth and tenth rounds), hence the default."""
+    # os.environ holds the operator's policy if they set one, else the
+    # PASSIVE this package set at import: only spin has anything to change.
     env = dict(os.environ)
     env.pop(OMP_DEFAULT_MARK, None)
-    if OPERATOR_OMP_WAIT_POLICY is not None:
-        env["OMP_WAIT_POLICY"] = OPERATOR_OMP_WAIT_POLICY
-    elif omp_wait == "spin":
+    if OPERATOR_OMP_WAIT_POLICY is None and omp_wait == "spin":
         env.pop("OMP_WAIT_POLICY", None)
         env.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
-    else:
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env
 
 
