@@ -11,11 +11,13 @@ on the LibriVox test recordings it costs one word in 72 (WER 1.4 % -> 2.8 %).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, TypeVar
 
 import ctranslate2
@@ -26,6 +28,7 @@ from faster_whisper.tokenizer import Tokenizer
 from voice_agent.audio.pcm import int16_to_float
 from voice_agent.backends import whisper_weights
 from voice_agent.backends.batching import BatchingWorker
+from voice_agent.backends.whisper_onnx_decoder import OnnxWhisperDecoder, TokenIds
 from voice_agent.config import Settings
 from voice_agent.cpu import call_at_idle_priority, default_parallel
 
@@ -101,10 +104,12 @@ class FasterWhisperStt:
         parallel: int = 1,
         partial_max_s: float = 8.0,
         partial_lane: Literal["idle", "shared"] = "shared",
+        decoder: Literal["onnx", "ctranslate2"] = "onnx",
     ) -> None:
         self._partial_max_samples = int(partial_max_s * 16000)
         self._partials_too_long = 0
         self._abandoned_after_encoding = 0
+        self._abandoned_while_decoding = 0
         path = whisper_weights.resolve(model)
         # Read by oneDNN when it creates its first primitive; a value the
         # operator set in the environment wins.
@@ -144,6 +149,16 @@ class FasterWhisperStt:
         # the utterance again into the padding; its segment timestamps let us
         # drop anything that starts after the audio ends.
         self._prompt = list(self._tokenizer.sot_sequence)
+        # The decoder of each model copy, when not CTranslate2's own: built
+        # in the thread that makes the copy, so its compute threads share
+        # the copy's priority.
+        self._onnx: dict[int, OnnxWhisperDecoder] = {}
+        if decoder == "onnx":
+            self._onnx[id(self._model)] = self._onnx_decoder(path, threads)
+            if self._partial_model is not None:
+                self._onnx[id(self._partial_model)] = call_at_idle_priority(
+                    lambda: self._onnx_decoder(path, threads)
+                )
         # One worker for every session: finals first; speculative work (the
         # turn so far, transcribed at a pause) is the low priority that is
         # shed (None) while finals wait, so it never delays one.
@@ -172,7 +187,25 @@ class FasterWhisperStt:
                 "path": str(path),
                 "window": window,
                 "partial_lane": partial_lane,
+                "decoder": decoder,
             },
+        )
+
+    def _onnx_decoder(self, path: Path, threads: int) -> OnnxWhisperDecoder:
+        settings = json.loads((path / "config.json").read_text())
+        tokenizer = self._tokenizer
+        ids = TokenIds(
+            eot=tokenizer.eot,
+            no_timestamps=tokenizer.no_timestamps,
+            timestamp_begin=tokenizer.timestamp_begin,
+            no_speech=tokenizer.no_speech,
+        )
+        return OnnxWhisperDecoder(
+            path,
+            threads,
+            ids,
+            suppress_ids=settings.get("suppress_ids", []),
+            suppress_ids_begin=settings.get("suppress_ids_begin", []),
         )
 
     def _window_frames(self, frames: int) -> int:
@@ -224,25 +257,43 @@ class FasterWhisperStt:
         for row, (_, features) in enumerate(group):
             padded[row, :, : features.shape[1]] = features[:, :window]
         longest = max(f.shape[1] for _, f in group)
-        encoded = model.model.encode(ctranslate2.StorageView.from_array(padded), to_cpu=False)
+        max_length = min(MAX_TOKENS, 8 + int(longest / 100 * TOKENS_PER_SECOND))
+        onnx_decoder = self._onnx.get(id(model))
+        encoded = model.model.encode(
+            ctranslate2.StorageView.from_array(padded), to_cpu=onnx_decoder is not None
+        )
         if all(batch[i].abandoned for i, _ in group):
             self._abandoned_after_encoding += 1
             return []  # nobody waits for these any more
-        results = model.model.generate(
-            encoded,
-            [self._prompt] * len(group),
-            beam_size=1,
-            max_length=min(MAX_TOKENS, 8 + int(longest / 100 * TOKENS_PER_SECOND)),
-            return_no_speech_prob=True,
-            suppress_blank=True,
-            suppress_tokens=[-1],
-        )
+        results: list[tuple[list[int], float]]
+        if onnx_decoder is not None:
+            decoded = onnx_decoder.generate(
+                np.asarray(encoded),
+                self._prompt,
+                max_length,
+                stop=lambda: all(batch[i].abandoned for i, _ in group),
+            )
+            if decoded is None:
+                self._abandoned_while_decoding += 1
+                return []
+            results = [(d.tokens, d.no_speech_prob) for d in decoded]
+        else:
+            generated = model.model.generate(
+                encoded,
+                [self._prompt] * len(group),
+                beam_size=1,
+                max_length=max_length,
+                return_no_speech_prob=True,
+                suppress_blank=True,
+                suppress_tokens=[-1],
+            )
+            results = [(r.sequences_ids[0], r.no_speech_prob) for r in generated]
         texts: list[tuple[int, str]] = []
-        for (i, features), result in zip(group, results, strict=True):
-            if result.no_speech_prob > NO_SPEECH_THRESHOLD:
+        for (i, features), (tokens, no_speech_prob) in zip(group, results, strict=True):
+            if no_speech_prob > NO_SPEECH_THRESHOLD:
                 continue  # noise or breath: Whisper would otherwise invent a phrase
             duration_s = features.shape[1] / 100.0
-            texts.append((i, self._decode_segments(result.sequences_ids[0], duration_s)))
+            texts.append((i, self._decode_segments(tokens, duration_s)))
         return texts
 
     def _decode_segments(self, tokens: list[int], duration_s: float) -> str:
@@ -313,6 +364,7 @@ class FasterWhisperStt:
             **self._worker.stats.snapshot(),
             "partial_too_long": self._partials_too_long,
             "abandoned_after_encoding": self._abandoned_after_encoding,
+            "abandoned_while_decoding": self._abandoned_while_decoding,
             **(
                 {"partial_lane": self._partial_worker.stats.snapshot()}
                 if self._partial_worker is not None
@@ -349,4 +401,5 @@ def create(settings: Settings) -> FasterWhisperStt:
         parallel=settings.stt_parallel or default_parallel(settings.stt_threads),
         partial_max_s=settings.stt_partial_max_s,
         partial_lane=settings.stt_partial_lane,
+        decoder=settings.stt_decoder,
     )
