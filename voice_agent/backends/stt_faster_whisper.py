@@ -149,16 +149,13 @@ class FasterWhisperStt:
         # the utterance again into the padding; its segment timestamps let us
         # drop anything that starts after the audio ends.
         self._prompt = list(self._tokenizer.sot_sequence)
-        # The decoder of each model copy, when not CTranslate2's own: built
-        # in the thread that makes the copy, so its compute threads share
-        # the copy's priority.
-        self._onnx: dict[int, OnnxWhisperDecoder] = {}
+        # Finals and speculations decode on ONNX Runtime (much faster a
+        # token); partials on the idle lane keep CTranslate2's decoder, whose
+        # threads are all the copy's idle-priority threads (ONNX Runtime would
+        # do part of each step in the calling thread, at normal priority).
+        self._onnx: OnnxWhisperDecoder | None = None
         if decoder == "onnx":
-            self._onnx[id(self._model)] = self._onnx_decoder(path, threads)
-            if self._partial_model is not None:
-                self._onnx[id(self._partial_model)] = call_at_idle_priority(
-                    lambda: self._onnx_decoder(path, threads)
-                )
+            self._onnx = self._onnx_decoder(path, threads, parallel)
         # One worker for every session: finals first; speculative work (the
         # turn so far, transcribed at a pause) is the low priority that is
         # shed (None) while finals wait, so it never delays one.
@@ -191,7 +188,7 @@ class FasterWhisperStt:
             },
         )
 
-    def _onnx_decoder(self, path: Path, threads: int) -> OnnxWhisperDecoder:
+    def _onnx_decoder(self, path: Path, threads: int, copies: int) -> OnnxWhisperDecoder:
         settings = json.loads((path / "config.json").read_text())
         tokenizer = self._tokenizer
         ids = TokenIds(
@@ -206,6 +203,7 @@ class FasterWhisperStt:
             ids,
             suppress_ids=settings.get("suppress_ids", []),
             suppress_ids_begin=settings.get("suppress_ids_begin", []),
+            copies=copies,
         )
 
     def _window_frames(self, frames: int) -> int:
@@ -258,7 +256,7 @@ class FasterWhisperStt:
             padded[row, :, : features.shape[1]] = features[:, :window]
         longest = max(f.shape[1] for _, f in group)
         max_length = min(MAX_TOKENS, 8 + int(longest / 100 * TOKENS_PER_SECOND))
-        onnx_decoder = self._onnx.get(id(model))
+        onnx_decoder = self._onnx if model is self._model else None
         encoded = model.model.encode(
             ctranslate2.StorageView.from_array(padded), to_cpu=onnx_decoder is not None
         )

@@ -24,6 +24,7 @@ into each layer's cross-attention keys and values, once per transcript.
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -98,11 +99,14 @@ class _GraphBuilder:
         )
         return y if bias is None else self.node("Add", [y, self.constant("b", bias)])
 
-    def quantized_linear(self, x: str, packed: str, scales: str, shape: tuple[int, ...]) -> str:
+    def quantized_linear(
+        self, x: str, packed: str, scales: str, shape: tuple[int, ...], output: str | None = None
+    ) -> str:
         n, k = shape
         return self.node(
             "MatMulNBits",
             [x, packed, scales],
+            output,
             K=k,
             N=n,
             bits=BITS,
@@ -193,7 +197,7 @@ def build_step_graph(weights: dict[str, np.ndarray], heads: int) -> onnx.ModelPr
     packed_name = g.constant("embeddings", packed)
     scales_flat = g.constant("embedding_scales", scales)
     row_scales = g.node(
-        "Reshape", [scales_flat, g.constant("shape", np.array([vocabulary, -1, 1]))]
+        "Reshape", [scales_flat, g.constant("shape", np.array([vocabulary, -1, 1], dtype=np.int64))]
     )
     rows = g.node("Cast", [g.node("Gather", [packed_name, "tokens"])], to=TensorProto.FLOAT)
     centred = g.node("Sub", [rows, g.constant("zero", np.array(ZERO_POINT, dtype=np.float32))])
@@ -251,8 +255,7 @@ def build_step_graph(weights: dict[str, np.ndarray], heads: int) -> onnx.ModelPr
         h = g.node("Gelu", [g.dense(h, layer + "/ffn/linear_0")])
         x = g.node("Add", [x, g.dense(h, layer + "/ffn/linear_1")])
     x = g.layer_norm(x, "decoder/layer_norm")
-    g.quantized_linear(x, packed_name, scales_flat, embeddings.shape)
-    g.nodes[-1].output[0] = "logits"
+    g.quantized_linear(x, packed_name, scales_flat, embeddings.shape, "logits")
     return g.model("whisper_decoder_step", inputs, outputs)
 
 
@@ -298,8 +301,19 @@ def _session(model: onnx.ModelProto, threads: int) -> onnxruntime.InferenceSessi
     )
 
 
+@dataclass(frozen=True)
+class _Sessions:
+    step: onnxruntime.InferenceSession
+    cross: onnxruntime.InferenceSession
+
+
 class OnnxWhisperDecoder:
-    """Greedy decoding of Whisper transcripts from CTranslate2 encoder output."""
+    """Greedy decoding of Whisper transcripts from CTranslate2 encoder output.
+
+    ``copies`` session pairs, one per batch the STT runs at once (as
+    CTranslate2 keeps one replica per worker): a transcript holds one pair
+    for its whole decoding, so concurrent batches never share a thread pool.
+    """
 
     def __init__(
         self,
@@ -308,6 +322,7 @@ class OnnxWhisperDecoder:
         ids: TokenIds,
         suppress_ids: Sequence[int],
         suppress_ids_begin: Sequence[int],
+        copies: int = 1,
     ) -> None:
         started = time.monotonic()
         weights = read_variables(model_dir / "model.bin")
@@ -316,15 +331,29 @@ class OnnxWhisperDecoder:
         self._heads = heads
         self._head_dim = weights["decoder/layer_norm/gamma"].shape[0] // heads
         self._vocabulary = weights["decoder/embeddings/weight"].shape[0]
-        self._step = _session(build_step_graph(weights, heads), threads)
-        self._cross = _session(build_cross_graph(weights, heads), threads)
+        step_graph = build_step_graph(weights, heads)
+        cross_graph = build_cross_graph(weights, heads)
+        del weights
+        self._sessions: queue.SimpleQueue[_Sessions] = queue.SimpleQueue()
+        for _ in range(copies):
+            self._sessions.put(
+                _Sessions(_session(step_graph, threads), _session(cross_graph, threads))
+            )
+        sample = self._sessions.get()
+        self._step_outputs = [o.name for o in sample.step.get_outputs()]
+        self._cross_outputs = [o.name for o in sample.cross.get_outputs()]
+        self._sessions.put(sample)
         self._ids = ids
         self._suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self._suppress_begin = np.asarray(sorted(set(suppress_ids_begin)), dtype=np.int64)
         self._timestamp_end = self._vocabulary - 1
         log.info(
             "onnx whisper decoder built",
-            extra={"layers": self._layers, "seconds": round(time.monotonic() - started, 2)},
+            extra={
+                "layers": self._layers,
+                "copies": copies,
+                "seconds": round(time.monotonic() - started, 2),
+            },
         )
 
     def generate(
@@ -338,20 +367,38 @@ class OnnxWhisperDecoder:
         suppress_blank=True, suppress_tokens=[-1])`` with timestamps, for a
         prompt of start-of-transcript, language and task. None when ``stop``
         says nobody waits any more (checked between steps)."""
-        batch = encoded.shape[0]
-        feeds: dict[str, np.ndarray] = dict(
-            zip(
-                [o.name for o in self._cross.get_outputs()],
-                self._cross.run(None, {"encoded": np.ascontiguousarray(encoded, np.float32)}),
-                strict=True,
+        if not prompt or self._ids.no_timestamps in prompt:
+            raise ValueError(
+                "the prompt must be start-of-transcript and task tokens, with timestamps"
             )
+        sessions = self._sessions.get()
+        try:
+            return self._generate(sessions, encoded, prompt, max_length, stop)
+        finally:
+            self._sessions.put(sessions)
+
+    def _generate(
+        self,
+        sessions: _Sessions,
+        encoded: np.ndarray,
+        prompt: Sequence[int],
+        max_length: int,
+        stop: Callable[[], bool],
+    ) -> list[Decoded] | None:
+        batch = encoded.shape[0]
+        cross = sessions.cross.run(
+            self._cross_outputs, {"encoded": np.ascontiguousarray(encoded, np.float32)}
         )
+        feeds: dict[str, np.ndarray] = dict(zip(self._cross_outputs, cross, strict=True))
         empty = np.zeros((batch, self._heads, 0, self._head_dim), dtype=np.float32)
         for i in range(self._layers):
             feeds[f"past_key_{i}"] = empty
             feeds[f"past_value_{i}"] = empty
         count = len(prompt)
-        logits = self._run(feeds, np.tile(np.asarray(prompt, np.int64), (batch, 1)), 0)
+        tokens = np.tile(np.asarray(prompt, np.int64), (batch, 1))
+        logits = self._run(sessions.step, feeds, tokens, 0)
+        # The no-speech probability is read where the start of transcript
+        # was fed: the prompt's first position.
         no_speech = _softmax(logits[:, 0])[:, self._ids.no_speech]
         # CTranslate2 decodes at most this many tokens after its prompt.
         limit = min(max_length // 2, max_length - (count - 1))
@@ -361,24 +408,30 @@ class OnnxWhisperDecoder:
         for step in range(limit):
             if stop():
                 return None
-            chosen = self._choose(last, sequences, step)
+            chosen = self._choose(last, sequences, done, step)
             for row, token in enumerate(chosen):
                 if done[row]:
                     continue
                 if token == self._ids.eot:
                     done[row] = True
                 else:
-                    sequences[row].append(int(token))
+                    sequences[row].append(token)
             if all(done) or step == limit - 1:
                 break
             tokens = np.asarray(chosen, dtype=np.int64).reshape(batch, 1)
-            last = self._run(feeds, tokens, count + step)[:, -1]
+            last = self._run(sessions.step, feeds, tokens, count + step)[:, -1]
         return [
             Decoded(tokens=seq, no_speech_prob=float(p))
             for seq, p in zip(sequences, no_speech, strict=True)
         ]
 
-    def _run(self, feeds: dict[str, np.ndarray], tokens: np.ndarray, past: int) -> np.ndarray:
+    def _run(
+        self,
+        step: onnxruntime.InferenceSession,
+        feeds: dict[str, np.ndarray],
+        tokens: np.ndarray,
+        past: int,
+    ) -> np.ndarray:
         """Logits [B, S, V] for ``tokens`` at positions past..past+S-1; the
         cache in ``feeds`` is advanced to include them."""
         length = tokens.shape[1]
@@ -387,15 +440,16 @@ class OnnxWhisperDecoder:
         feeds["tokens"] = tokens
         feeds["positions"] = np.arange(past, past + length, dtype=np.int64)
         feeds["bias"] = bias
-        names = [o.name for o in self._step.get_outputs()]
-        results = dict(zip(names, self._step.run(names, feeds), strict=True))
+        results = dict(zip(self._step_outputs, step.run(self._step_outputs, feeds), strict=True))
         for i in range(self._layers):
             feeds[f"past_key_{i}"] = results[f"present_key_{i}"]
             feeds[f"past_value_{i}"] = results[f"present_value_{i}"]
         logits: np.ndarray = results["logits"]
         return logits
 
-    def _choose(self, logits: np.ndarray, sequences: list[list[int]], step: int) -> list[int]:
+    def _choose(
+        self, logits: np.ndarray, sequences: list[list[int]], done: list[bool], step: int
+    ) -> list[int]:
         """The greedy choice per row after CTranslate2's logits processors,
         in its order: suppressed tokens, blank suppression at the first
         step, then Whisper's timestamp rules."""
@@ -408,7 +462,7 @@ class OnnxWhisperDecoder:
         chosen = []
         for row in range(scores.shape[0]):
             seq = sequences[row]
-            if len(seq) < step:  # finished: its choice is ignored
+            if done[row]:  # its choice is ignored
                 chosen.append(ids.eot)
                 continue
             s = scores[row]
