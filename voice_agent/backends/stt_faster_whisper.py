@@ -260,7 +260,11 @@ class FasterWhisperStt:
         encoded = model.model.encode(
             ctranslate2.StorageView.from_array(padded), to_cpu=onnx_decoder is not None
         )
-        if all(batch[i].abandoned for i, _ in group):
+
+        def nobody_waits() -> bool:
+            return all(batch[i].abandoned for i, _ in group)
+
+        if nobody_waits():
             self._abandoned_after_encoding += 1
             return []  # nobody waits for these any more
         results: list[tuple[list[int], float]]
@@ -269,7 +273,7 @@ class FasterWhisperStt:
                 np.asarray(encoded),
                 self._prompt,
                 max_length,
-                stop=lambda: all(batch[i].abandoned for i, _ in group),
+                stop=nobody_waits,
             )
             if decoded is None:
                 self._abandoned_while_decoding += 1

@@ -30,6 +30,7 @@ from piper.config import PiperConfig
 
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import PriorityInferenceWorker
+from voice_agent.backends.onnx_options import quiet_session_options
 from voice_agent.backends.piper_halves import VoiceHalves, split_voice, windows
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.config import Settings
@@ -95,17 +96,10 @@ GAIN_RAMP = 512
 def _load_voice(voice_path: Path, threads: int) -> tuple[PiperVoice, VoiceHalves | None]:
     """PiperVoice.load, but with ONNX sessions that don't spin idle threads,
     and the voice split into encoder and decoder where it can be."""
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    # ONNX Runtime keeps a memory pattern (and its pre-planned arena blocks)
-    # for every input shape it has seen, without a bound; a sentence's
-    # phoneme count is its input shape, so each new length kept ~35 KB more
-    # and the arena ~100 MB larger after a hundred sentences (measured). It
-    # is ONNX Runtime's advice for inputs whose shapes vary; no slower here.
-    options.enable_mem_pattern = False
+    # A sentence's phoneme count is its input shape: with a memory pattern
+    # kept per shape, each new length kept ~35 KB more and the arena was
+    # ~100 MB larger after a hundred sentences (measured).
+    options = quiet_session_options(threads)
     config_path = Path(f"{voice_path}.json")
     if not config_path.is_file():
         raise BackendUnavailable(f"Piper voice {voice_path} has no {config_path.name} beside it")

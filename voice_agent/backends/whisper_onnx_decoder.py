@@ -37,6 +37,7 @@ import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from voice_agent.backends.ct2_model_file import read_variables
+from voice_agent.backends.onnx_options import quiet_session_options
 
 log = logging.getLogger(__name__)
 
@@ -278,27 +279,19 @@ def build_cross_graph(weights: dict[str, np.ndarray], heads: int) -> onnx.ModelP
     return g.model("whisper_cross_attention", inputs, outputs)
 
 
-def _session(model: onnx.ModelProto, threads: int) -> onnxruntime.InferenceSession:
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    # Idle threads that spin would hold the cores the LLM needs right after
-    # a transcript (measured: its first token 15 ms later); a decoder step
-    # is no slower without (0870: 175-187 ms of decoding either way).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    # Every step is a new input shape (the cache grows by one position) and
-    # ONNX Runtime would keep a memory pattern for each, without a bound.
-    options.enable_mem_pattern = False
+def _session(serialized: bytes, threads: int) -> onnxruntime.InferenceSession:
+    # Not spinning: measured, the LLM's first token came 15 ms later after a
+    # transcript with spinning threads, and a step is no slower without
+    # (0870: 175-187 ms of decoding either way). Every step is a new input
+    # shape (the cache grows by one position).
+    options = quiet_session_options(threads)
     # Nor keep an arena the size of the largest batch ever decoded (its
     # cross-attention keys and values alone are 13 MB a caller for 10 s of
     # audio): 60 batches of up to 3 utterances of 0.5-18 s grew the process
     # by 165 MB without it, 255 MB with it, at the same speed.
     options.enable_cpu_mem_arena = False
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return onnxruntime.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return onnxruntime.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
 
 
 @dataclass(frozen=True)
@@ -334,15 +327,16 @@ class OnnxWhisperDecoder:
         step_graph = build_step_graph(weights, heads)
         cross_graph = build_cross_graph(weights, heads)
         del weights
+        self._step_outputs = [o.name for o in step_graph.graph.output]
+        self._cross_outputs = [o.name for o in cross_graph.graph.output]
+        step_bytes = step_graph.SerializeToString()
+        cross_bytes = cross_graph.SerializeToString()
+        del step_graph, cross_graph
         self._sessions: queue.SimpleQueue[_Sessions] = queue.SimpleQueue()
         for _ in range(copies):
             self._sessions.put(
-                _Sessions(_session(step_graph, threads), _session(cross_graph, threads))
+                _Sessions(_session(step_bytes, threads), _session(cross_bytes, threads))
             )
-        sample = self._sessions.get()
-        self._step_outputs = [o.name for o in sample.step.get_outputs()]
-        self._cross_outputs = [o.name for o in sample.cross.get_outputs()]
-        self._sessions.put(sample)
         self._ids = ids
         self._suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self._suppress_begin = np.asarray(sorted(set(suppress_ids_begin)), dtype=np.int64)
