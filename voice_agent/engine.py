@@ -42,6 +42,7 @@ from voice_agent.cpu import (
     run_in_inference_thread,
     set_inference_nice,
 )
+from voice_agent.session.hearing import HearingStats
 from voice_agent.session.prefill import PrefillGate
 from voice_agent.session.response import ReplySettings
 from voice_agent.session.session import Models, SessionConfig
@@ -94,6 +95,7 @@ class Engine:
         self.llm_config: HttpLlmConfig | None = None  # the endpoint, once started
         self.tools: ToolRegistry | None = None
         self.prefill_gate = PrefillGate()  # this process's sessions' words prefills
+        self.hearing = HearingStats()  # this process's redecoded and unheard turns
 
     @property
     def voice_name(self) -> str:
@@ -332,6 +334,7 @@ class Engine:
             tools=self.tools,
             partial_interval_ms=self._partial_interval_ms(),
             stt_timeout_s=s.stt_timeout_s,
+            hearing_stats=self.hearing,
         )
 
     def _partial_interval_ms(self) -> int:

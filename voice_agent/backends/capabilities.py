@@ -6,6 +6,7 @@ embedded faster-whisper, say) needs no stubs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -56,4 +57,39 @@ class ClosesAsync(Protocol):
 class ReportsStats(Protocol):
     def stats(self) -> dict[str, object]:
         """JSON-ready counters for ``/v1/stats``."""
+        ...
+
+
+# Whisper's own thresholds for the evidence below: nobody spoke when the
+# no-speech probability is above the first and the mean log-probability
+# below the second; a decode below the second alone is not to be trusted.
+NO_SPEECH_THRESHOLD = 0.6
+LOGPROB_THRESHOLD = -1.0
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """A transcript with the model's own evidence about it, for the checks
+    that decide whether to trust a fast decode (stages/transcript_check.py).
+    None means the backend cannot say."""
+
+    text: str
+    no_speech_prob: float | None = None  # the model's belief that nobody spoke
+    avg_logprob: float | None = None  # mean log-probability of the decoded tokens
+    truncated: bool = False  # the decoder's length limit stopped it mid-way
+    careful: bool = False  # decoded the safe (slower) way
+
+
+@runtime_checkable
+class CarefulTranscriber(Protocol):
+    """Has a fast path and a safe one, and says how sure it is of each
+    transcript. A fast transcript the checks distrust is decoded again the
+    safe way before the turn is answered."""
+
+    async def transcribe_detailed(
+        self, audio: np.ndarray, *, careful: bool = False, speculative: bool = False
+    ) -> Transcription | None:
+        """Transcript of 16 kHz int16 audio with its evidence; ``careful``
+        asks for the safe way. None only when ``speculative`` and the work
+        was shed (finals wait)."""
         ...

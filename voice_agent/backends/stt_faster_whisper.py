@@ -3,9 +3,16 @@
 Whisper's encoder is trained on 30 s windows, and faster-whisper pads every
 input to 30 s: for a 3 s utterance that is 90 % padding and ~1 s of encoder
 time on 2 CPU cores. With ``window="trim"`` (the default) the encoder sees
-the utterance plus one second of padding instead, about 4x faster; measured
-on the LibriVox test recordings it costs one word in 72 (WER 1.4 % -> 2.8 %).
+the utterance plus one second of padding instead, about 4x faster.
 ``window="full"`` keeps the standard 30 s window.
+
+The padding is what Whisper saw in training: the log-mel of digital silence
+at the clip's own level, never zeros (zeros are a steady hum to the model,
+which then repeats the utterance into it, stops after one word or calls the
+whole clip silence). Each transcript carries its evidence (no-speech
+probability, mean log-probability, whether the length limit stopped it), and
+``careful=True`` decodes one utterance in the full window: the safe way, for
+a fast transcript the session's checks distrust.
 """
 
 from __future__ import annotations
@@ -28,7 +35,12 @@ from faster_whisper.tokenizer import Tokenizer
 from voice_agent.audio.pcm import int16_to_float
 from voice_agent.backends import whisper_weights
 from voice_agent.backends.batching import BatchingWorker
-from voice_agent.backends.whisper_onnx_decoder import OnnxWhisperDecoder, TokenIds
+from voice_agent.backends.capabilities import (
+    LOGPROB_THRESHOLD,
+    NO_SPEECH_THRESHOLD,
+    Transcription,
+)
+from voice_agent.backends.whisper_onnx_decoder import Decoded, OnnxWhisperDecoder, TokenIds
 from voice_agent.config import Settings
 from voice_agent.cpu import call_at_idle_priority, default_parallel
 
@@ -38,11 +50,21 @@ T = TypeVar("T")
 FULL_WINDOW_FRAMES = 3000  # 30 s of 10 ms mel frames
 TRIM_PAD_FRAMES = 100  # 1 s of padding after the utterance
 MAX_EXTRA_PAD = 50  # batched utterances differ in length by at most 0.5 s
-NO_SPEECH_THRESHOLD = 0.6
-MAX_TOKENS = 224
-# Fast speech is ~4 words (~6 tokens) a second; capping the output length by
-# the audio's duration stops Whisper's rare repetition loops early.
-TOKENS_PER_SECOND = 10
+# Above this no-speech probability, the text is not read at all.
+NO_SPEECH_CERTAIN = 0.8
+# Whisper decodes at most half its 448-token context after the prompt.
+MAX_DECODED_TOKENS = 224
+# Fast speech is ~4 words (~6 tokens) a second, plus two timestamps per
+# segment; capping the output by the audio's duration stops a repetition
+# loop early, and a transcript the cap stopped is marked truncated.
+DECODED_TOKENS_PER_SECOND = 8
+DECODED_TOKENS_BASE = 8
+# The normalised log-mel of digital silence: Whisper floors the power at
+# 1e-10 (log -10) and clips log-mel at 8 below the maximum, then maps
+# x -> (x + 4) / 4. So silence is the clip's maximum less 2.0, or -1.5 where
+# the clip is that quiet itself.
+SILENCE_BELOW_MAX = 2.0
+SILENCE_FLOOR = -1.5
 # CTranslate2's oneDNN caches the primitives it builds for each input shape,
 # up to 1,024 of them. A trimmed window is the utterance's own length, so
 # nearly every utterance is a new shape and the cache only grows: ~0.6 MB of
@@ -86,6 +108,7 @@ class Utterance:
     is then skipped rather than delaying the next request."""
 
     audio: np.ndarray
+    careful: bool = False  # the full 30 s window
     abandoned: bool = False  # set on the event loop, read in the worker thread
 
 
@@ -159,7 +182,7 @@ class FasterWhisperStt:
         # One worker for every session: finals first; speculative work (the
         # turn so far, transcribed at a pause) is the low priority that is
         # shed (None) while finals wait, so it never delays one.
-        self._worker: BatchingWorker[Utterance, str] = BatchingWorker(
+        self._worker: BatchingWorker[Utterance, Transcription] = BatchingWorker(
             "stt-batch",
             lambda batch: self._transcribe_batch(batch, self._model),
             max_batch,
@@ -167,7 +190,7 @@ class FasterWhisperStt:
             max_partial_batch=max_speculative_batch,
             parallel=parallel,
         )
-        self._partial_worker: BatchingWorker[Utterance, str] | None = None
+        self._partial_worker: BatchingWorker[Utterance, Transcription] | None = None
         if self._partial_model is not None:
             partial_model = self._partial_model
             self._partial_worker = BatchingWorker(
@@ -206,16 +229,16 @@ class FasterWhisperStt:
             copies=copies,
         )
 
-    def _window_frames(self, frames: int) -> int:
-        if self._window == "full":
+    def _window_frames(self, frames: int, careful: bool = False) -> int:
+        if self._window == "full" or careful:
             return FULL_WINDOW_FRAMES
         window = min(FULL_WINDOW_FRAMES, frames + TRIM_PAD_FRAMES)
         return window + window % 2  # the encoder's stride-2 convolution wants an even length
 
-    def _transcribe_batch(self, batch: list[Utterance], model: WhisperModel) -> list[str]:
+    def _transcribe_batch(self, batch: list[Utterance], model: WhisperModel) -> list[Transcription]:
         """Runs in the worker's thread: the utterances of a batch share one
         encoder and decoder pass, each padded to the batch's longest window."""
-        texts = [""] * len(batch)
+        results = [Transcription("")] * len(batch)
         short: list[tuple[int, np.ndarray]] = []
         for i, utterance in enumerate(batch):
             if utterance.abandoned:
@@ -223,25 +246,27 @@ class FasterWhisperStt:
             samples = int16_to_float(utterance.audio)
             features = model.feature_extractor(samples)
             if features.shape[1] > FULL_WINDOW_FRAMES:
-                texts[i] = self._transcribe_long(samples, model)
+                results[i] = Transcription(self._transcribe_long(samples, model), careful=True)
             else:
                 short.append((i, features))
-        for group in self._similar_lengths(short):
-            for i, text in self._generate(group, model, batch):
-                texts[i] = text
-        return texts
+        for group in self._similar_lengths(short, batch):
+            for i, result in self._generate(group, model, batch):
+                results[i] = result
+        return results
 
     def _similar_lengths(
-        self, items: list[tuple[int, np.ndarray]]
+        self, items: list[tuple[int, np.ndarray]], batch: list[Utterance]
     ) -> list[list[tuple[int, np.ndarray]]]:
-        """Utterances whose trimmed windows differ by at most MAX_EXTRA_PAD:
-        a short utterance padded far past its end makes Whisper read it again
+        """Utterances whose windows differ by at most MAX_EXTRA_PAD: a
+        short utterance padded far past its end makes Whisper read it again
         into the silence (seen: a whole sentence repeated)."""
-        ordered = sorted(items, key=lambda item: item[1].shape[1])
+
+        def window(item: tuple[int, np.ndarray]) -> int:
+            return self._window_frames(item[1].shape[1], batch[item[0]].careful)
+
         groups: list[list[tuple[int, np.ndarray]]] = []
-        for item in ordered:
-            window = self._window_frames(item[1].shape[1])
-            if groups and window - self._window_frames(groups[-1][0][1].shape[1]) <= MAX_EXTRA_PAD:
+        for item in sorted(items, key=window):
+            if groups and window(item) - window(groups[-1][0]) <= MAX_EXTRA_PAD:
                 groups[-1].append(item)
             else:
                 groups.append([item])
@@ -249,13 +274,19 @@ class FasterWhisperStt:
 
     def _generate(
         self, group: list[tuple[int, np.ndarray]], model: WhisperModel, batch: list[Utterance]
-    ) -> list[tuple[int, str]]:
-        window = max(self._window_frames(f.shape[1]) for _, f in group)
-        padded = np.zeros((len(group), group[0][1].shape[0], window), dtype=np.float32)
+    ) -> list[tuple[int, Transcription]]:
+        window = max(self._window_frames(f.shape[1], batch[i].careful) for i, f in group)
+        padded = np.empty((len(group), group[0][1].shape[0], window), dtype=np.float32)
         for row, (_, features) in enumerate(group):
+            padded[row] = max(float(features.max()) - SILENCE_BELOW_MAX, SILENCE_FLOOR)
             padded[row, :, : features.shape[1]] = features[:, :window]
         longest = max(f.shape[1] for _, f in group)
-        max_length = min(MAX_TOKENS, 8 + int(longest / 100 * TOKENS_PER_SECOND))
+        decoded_limit = min(
+            MAX_DECODED_TOKENS,
+            DECODED_TOKENS_BASE + int(longest / 100 * DECODED_TOKENS_PER_SECOND),
+        )
+        # Both decoders take CTranslate2's max_length, of which they decode half.
+        max_length = 2 * decoded_limit
         onnx_decoder = self._onnx if model is self._model else None
         encoded = model.model.encode(
             ctranslate2.StorageView.from_array(padded), to_cpu=onnx_decoder is not None
@@ -267,7 +298,7 @@ class FasterWhisperStt:
         if nobody_waits():
             self._abandoned_after_encoding += 1
             return []  # nobody waits for these any more
-        results: list[tuple[list[int], float]]
+        results: list[Decoded]
         if onnx_decoder is not None:
             decoded = onnx_decoder.generate(
                 np.asarray(encoded),
@@ -278,7 +309,7 @@ class FasterWhisperStt:
             if decoded is None:
                 self._abandoned_while_decoding += 1
                 return []
-            results = [(d.tokens, d.no_speech_prob) for d in decoded]
+            results = decoded
         else:
             generated = model.model.generate(
                 encoded,
@@ -286,20 +317,54 @@ class FasterWhisperStt:
                 beam_size=1,
                 max_length=max_length,
                 return_no_speech_prob=True,
+                return_scores=True,
                 suppress_blank=True,
                 suppress_tokens=[-1],
             )
-            results = [(r.sequences_ids[0], r.no_speech_prob) for r in generated]
-        texts: list[tuple[int, str]] = []
-        for (i, features), (tokens, no_speech_prob) in zip(group, results, strict=True):
-            if no_speech_prob > NO_SPEECH_THRESHOLD:
-                continue  # noise or breath: Whisper would otherwise invent a phrase
-            duration_s = features.shape[1] / 100.0
-            texts.append((i, self._decode_segments(tokens, duration_s)))
-        return texts
+            results = [
+                Decoded(
+                    r.sequences_ids[0],
+                    r.no_speech_prob,
+                    # Scores are normalised by length; Whisper's mean counts
+                    # the end of text too.
+                    avg_logprob=r.scores[0]
+                    * len(r.sequences_ids[0])
+                    / (len(r.sequences_ids[0]) + 1),
+                    finished=len(r.sequences_ids[0]) < decoded_limit,
+                )
+                for r in generated
+            ]
+        transcriptions: list[tuple[int, Transcription]] = []
+        for (i, features), result in zip(group, results, strict=True):
+            # Whisper's silence rule (a probable no-speech and an improbable
+            # text), or a no-speech so probable that the text can only be
+            # invented ("you" on silence). The probability alone at Whisper's
+            # threshold also rejected clear speech.
+            silent = result.no_speech_prob > NO_SPEECH_CERTAIN or (
+                result.no_speech_prob > NO_SPEECH_THRESHOLD
+                and result.avg_logprob < LOGPROB_THRESHOLD
+            )
+            # Noise or breath: Whisper would otherwise invent a phrase.
+            text, open_end = "", False
+            if not silent:
+                text, open_end = self._decode_segments(result.tokens, features.shape[1] / 100)
+            transcriptions.append(
+                (
+                    i,
+                    Transcription(
+                        text,
+                        no_speech_prob=result.no_speech_prob,
+                        avg_logprob=result.avg_logprob,
+                        truncated=open_end and not result.finished,
+                        careful=window == FULL_WINDOW_FRAMES,
+                    ),
+                )
+            )
+        return transcriptions
 
-    def _decode_segments(self, tokens: list[int], duration_s: float) -> str:
-        """Text of the timestamped segments that start inside the audio."""
+    def _decode_segments(self, tokens: list[int], duration_s: float) -> tuple[str, bool]:
+        """Text of the timestamped segments that start inside the audio, and
+        whether that text ends in a segment left open (no closing timestamp)."""
         first_timestamp = self._tokenizer.timestamp_begin
         texts: list[str] = []
         words: list[int] = []
@@ -314,9 +379,12 @@ class FasterWhisperStt:
                 words, start = [], None
             elif token < self._tokenizer.eot:
                 words.append(token)
-        if words and (start is None or start < duration_s - 0.1):
+        open_end = bool(words) and (start is None or start < duration_s - 0.1)
+        if open_end:
             texts.append(self._tokenizer.decode(words))
-        return without_restart("".join(texts).strip())
+        text = "".join(texts).strip()
+        kept = without_restart(text)
+        return kept, open_end and kept == text
 
     def _transcribe_long(self, samples: np.ndarray, model: WhisperModel) -> str:
         segments, _info = model.transcribe(
@@ -335,10 +403,19 @@ class FasterWhisperStt:
             await self._partial_worker.submit(Utterance(np.zeros(16000, dtype=np.int16)))
 
     async def transcribe(self, audio: np.ndarray) -> str:
-        return await _submitted(self._worker.submit, audio)
+        return (await _submitted(self._worker.submit, Utterance(audio))).text
 
     async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
-        return await _submitted(self._worker.submit_partial, audio)
+        result = await _submitted(self._worker.submit_partial, Utterance(audio))
+        return None if result is None else result.text
+
+    async def transcribe_detailed(
+        self, audio: np.ndarray, *, careful: bool = False, speculative: bool = False
+    ) -> Transcription | None:
+        utterance = Utterance(audio, careful=careful)
+        if speculative:
+            return await _submitted(self._worker.submit_partial, utterance)
+        return await _submitted(self._worker.submit, utterance)
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         """Speech in progress, at the speculative work's low priority; None
@@ -347,13 +424,16 @@ class FasterWhisperStt:
             self._partials_too_long += 1
             return None
         if self._partial_worker is None:
-            return await _submitted(self._worker.submit_partial, audio)
-        if self._worker.busy:
+            worker = self._worker
+        elif self._worker.busy:
             # A transcript that matters is being made: a partial now would
             # only compete with it (and partials are worth least under load).
             self._partial_worker.stats.requests["partial_skipped"] += 1
             return None
-        return await _submitted(self._partial_worker.submit_partial, audio)
+        else:
+            worker = self._partial_worker
+        result = await _submitted(worker.submit_partial, Utterance(audio))
+        return None if result is None else result.text
 
     @property
     def in_flight(self) -> int:
@@ -380,10 +460,9 @@ class FasterWhisperStt:
             self._partial_worker.close()
 
 
-async def _submitted(submit: Callable[[Utterance], Awaitable[T]], audio: np.ndarray) -> T:
-    """``submit`` the audio; if the caller goes away meanwhile, the worker
-    thread sees the utterance abandoned and skips what is left of it."""
-    utterance = Utterance(audio)
+async def _submitted(submit: Callable[[Utterance], Awaitable[T]], utterance: Utterance) -> T:
+    """``submit`` the utterance; if the caller goes away meanwhile, the worker
+    thread sees it abandoned and skips what is left of it."""
     try:
         return await submit(utterance)
     except asyncio.CancelledError:

@@ -63,6 +63,10 @@ class TokenIds:
 class Decoded:
     tokens: list[int]
     no_speech_prob: float
+    # The chosen tokens' mean log-probability, end of text included (as
+    # Whisper computes it), after the logits processors.
+    avg_logprob: float = 0.0
+    finished: bool = True  # False: the length limit stopped it, not end of text
 
 
 class _GraphBuilder:
@@ -397,12 +401,13 @@ class OnnxWhisperDecoder:
         # CTranslate2 decodes at most this many tokens after its prompt.
         limit = min(max_length // 2, max_length - (count - 1))
         sequences: list[list[int]] = [[] for _ in range(batch)]
+        logprobs = [0.0] * batch
         done = [False] * batch
         last = logits[:, -1]
         for step in range(limit):
             if stop():
                 return None
-            chosen = self._choose(last, sequences, done, step)
+            chosen = self._choose(last, sequences, done, step, logprobs)
             for row, token in enumerate(chosen):
                 if done[row]:
                     continue
@@ -415,8 +420,13 @@ class OnnxWhisperDecoder:
             tokens = np.asarray(chosen, dtype=np.int64).reshape(batch, 1)
             last = self._run(sessions.step, feeds, tokens, count + step)[:, -1]
         return [
-            Decoded(tokens=seq, no_speech_prob=float(p))
-            for seq, p in zip(sequences, no_speech, strict=True)
+            Decoded(
+                tokens=seq,
+                no_speech_prob=float(p),
+                avg_logprob=total / (len(seq) + 1),
+                finished=finished,
+            )
+            for seq, p, total, finished in zip(sequences, no_speech, logprobs, done, strict=True)
         ]
 
     def _run(
@@ -442,11 +452,17 @@ class OnnxWhisperDecoder:
         return logits
 
     def _choose(
-        self, logits: np.ndarray, sequences: list[list[int]], done: list[bool], step: int
+        self,
+        logits: np.ndarray,
+        sequences: list[list[int]],
+        done: list[bool],
+        step: int,
+        logprobs: list[float],
     ) -> list[int]:
         """The greedy choice per row after CTranslate2's logits processors,
         in its order: suppressed tokens, blank suppression at the first
-        step, then Whisper's timestamp rules."""
+        step, then Whisper's timestamp rules. Adds each choice's
+        log-probability to ``logprobs``."""
         ids = self._ids
         scores = logits.astype(np.float32, copy=True)
         scores[:, self._suppress] = -np.inf
@@ -486,7 +502,9 @@ class OnnxWhisperDecoder:
                 timestamp_mass = _logsumexp(log_probs[begin : end + 1])
                 if timestamp_mass > text_best:
                     s[:begin] = -np.inf
-            chosen.append(int(np.argmax(s)))
+            token = int(np.argmax(s))
+            logprobs[row] += float(_log_softmax(s)[token])
+            chosen.append(token)
         return chosen
 
 

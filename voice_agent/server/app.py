@@ -367,7 +367,8 @@ def live_state(app: web.Application) -> LiveState:
 
     def stt() -> dict[str, Any]:
         model = engine.models.stt if engine.models is not None else None
-        return dict(model.stats()) if isinstance(model, ReportsStats) else {}
+        own: dict[str, Any] = dict(model.stats()) if isinstance(model, ReportsStats) else {}
+        return {**own, "hearing": engine.hearing.snapshot()}
 
     def pacing() -> dict[str, Any]:
         totals = calls.pacing()
@@ -393,6 +394,7 @@ def stt_stats(engine: Engine, calls: CallRegistry) -> dict[str, object]:
     each live session's STT latency."""
     stt = engine.models.stt if engine.models is not None else None
     body: dict[str, object] = dict(stt.stats()) if isinstance(stt, ReportsStats) else {}
+    body["hearing"] = engine.hearing.snapshot()
     body["sessions"] = [{"session": c.session.id, **c.session.stt_stats()} for c in calls.calls()]
     return body
 

@@ -82,6 +82,7 @@ class LiveCollector(Collector):
             for size, count in batches.items():
                 family.add_metric([str(size)], count)
             yield family
+        yield from _hearing(state.stt().get("hearing"))
         loop = state.loop()
         lag = GaugeMetricFamily(
             "voice_agent_event_loop_lag_seconds",
@@ -105,6 +106,21 @@ class LiveCollector(Collector):
             yield GaugeMetricFamily(
                 "voice_agent_llm_ready", "1 while the LLM answers.", float(bool(llm["ready"]))
             )
+
+
+def _hearing(hearing: object) -> Iterator[Metric]:
+    """Turns whose fast transcript was decoded again, and voiced turns with
+    no words even then (the caller was asked to repeat)."""
+    if not isinstance(hearing, dict):
+        return
+    for name, key, text in (
+        ("voice_agent_stt_redecoded", "redecoded", "Transcripts decoded again the safe way."),
+        ("voice_agent_turns_unheard", "unheard", "Voiced turns with no words recognised."),
+    ):
+        family = CounterMetricFamily(name, text, labels=["reason"])
+        for reason, count in sorted(hearing.get(key, {}).items()):
+            family.add_metric([reason], count)
+        yield family
 
 
 def render(state: LiveState) -> bytes:

@@ -108,6 +108,8 @@ class FunctionCallRequested:
 class SessionError:
     code: str
     message: str
+    # What a reply that fails with this error says (None: the apology).
+    spoken: str | None = None
 
 
 SessionEvent = (

@@ -41,6 +41,8 @@ class ManualTurnBuffer:
             maxlen=max(1, int(max_s * 1000 / FRAME_MS))
         )
 
+    taken_voiced_ms = 0  # how much of the last audio taken the VAD called speech
+
     def push(self, frame: np.ndarray, voiced: bool) -> None:
         self._frames.append((frame, voiced))
 
@@ -59,6 +61,7 @@ class ManualTurnBuffer:
         if len(frames) * FRAME_MS < MIN_COMMIT_MS:
             return None
         voiced = [index for index, (_, is_voiced) in enumerate(frames) if is_voiced]
+        self.taken_voiced_ms = len(voiced) * FRAME_MS
         if not voiced:
             return np.zeros(0, dtype=np.int16)
         start = max(0, voiced[0] - _LEAD_FRAMES)

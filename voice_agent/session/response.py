@@ -302,7 +302,7 @@ class Response:
     async def _generate(self) -> None:
         if self.failure is not None:
             self._error, self._error_code = self.failure.message, self.failure.code
-            await self._apologise()
+            await self._apologise(self.failure.spoken)
             await self._queue.put(None)
             return
         if self.script is not None:
@@ -450,10 +450,10 @@ class Response:
         await self._speak(chunker.flush())
         return strip_thinking("".join(raw)), calls
 
-    async def _apologise(self) -> None:
+    async def _apologise(self, text: str | None = None) -> None:
         """Say so rather than stay silent (best effort: TTS may be what failed)."""
         try:
-            await self._speak([self.reply.apology])
+            await self._speak([text or self.reply.apology])
             await self._flush_audio()
         except asyncio.CancelledError:
             raise

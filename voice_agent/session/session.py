@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from voice_agent.backends.base import (
     TtsBackend,
     VadBackend,
 )
-from voice_agent.backends.capabilities import PartialTranscriber, SpeculativeTranscriber
+from voice_agent.backends.capabilities import PartialTranscriber
 from voice_agent.backends.samples import Samples
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import (
@@ -43,6 +43,7 @@ from voice_agent.session.events import (
     UserTranscriptFailed,
     UserTurnCommitted,
 )
+from voice_agent.session.hearing import Heard, Hearing, HearingStats
 from voice_agent.session.ids import new_id
 from voice_agent.session.input import ManualTurnBuffer, TurnDetection
 from voice_agent.session.metrics import TurnMetrics, now
@@ -93,6 +94,10 @@ class SessionConfig:
     # The longest a turn waits for its transcript: a model or server that
     # hangs fails the turn (error, apology) instead of silencing the session.
     stt_timeout_s: float = 30.0
+    # The process's counts of transcripts decoded again and turns unheard.
+    hearing_stats: HearingStats | None = None
+    # Said when the caller spoke but no words came out, even the safe way.
+    clarification: str = "Sorry, I didn't catch that. Could you say it again?"
 
 
 class SttTimeout(RuntimeError):
@@ -121,7 +126,7 @@ class ItemError(ValueError):
 @dataclass
 class _Speculation:
     audio_end_ms: int
-    stt_task: asyncio.Task[str | None]  # None: shed under load
+    stt_task: asyncio.Task[Heard | None]  # None: shed under load
     response: Response | None = None
     metrics: TurnMetrics | None = None
 
@@ -143,6 +148,7 @@ class VoiceSession:
         self.conversation = Conversation(config.instructions, config.history_turns)
         self._speech = SpeechDetector(models.vad, config.vad_floor_dbfs)
         self._detector = TurnDetector(config.turn)
+        self._hearing = Hearing(models.stt, config.hearing_stats or HearingStats(), self.id)
         self._pending = np.zeros(0, dtype=np.int16)
         self._item_id: str | None = None  # the user turn being spoken
         self._last_voiced_at: float | None = None
@@ -268,12 +274,7 @@ class VoiceSession:
         self._drop_speculation()
         log.debug("speculating", extra={"session": self.id, "audio_end_ms": event.audio_end_ms})
         metrics = TurnMetrics(speculative=True, stt_start=now())
-        stt = self.models.stt
-        transcript: Coroutine[Any, Any, str | None] = (
-            stt.transcribe_speculative(event.audio)
-            if isinstance(stt, SpeculativeTranscriber)
-            else stt.transcribe(event.audio)
-        )
+        transcript = self._hearing.speculate(event.audio, event.voiced_ms)
         task = asyncio.create_task(transcript, name="stt-early")
         spec = _Speculation(event.audio_end_ms, task, metrics=metrics)
         self._speculation = spec
@@ -281,20 +282,21 @@ class VoiceSession:
         task.add_done_callback(lambda t: self._on_early_transcript(spec, t, generation))
 
     def _on_early_transcript(
-        self, spec: _Speculation, task: asyncio.Task[str | None], gen: int
+        self, spec: _Speculation, task: asyncio.Task[Heard | None], gen: int
     ) -> None:
         if task.cancelled() or task.exception() is not None:
             return
-        if task.result() is None:  # shed under load: the final transcript will come
+        heard = task.result()
+        if heard is None:  # shed under load: the final transcript will come
             self.speculations_shed += 1
             return
         assert spec.metrics is not None
         spec.metrics.stt_done = now()
         if self._speculation is not spec or gen != self._generation or self._closed:
             return
-        text = (task.result() or "").strip()
-        if text and self._answers_turns():
-            spec.response = self._new_response(text, spec.metrics)
+        # A transcript the checks distrust is decoded again before it is answered.
+        if heard.settled and heard.text and self._answers_turns():
+            spec.response = self._new_response(heard.text, spec.metrics)
 
     def _drop_speculation(self) -> None:
         spec, self._speculation = self._speculation, None
@@ -363,7 +365,7 @@ class VoiceSession:
         generation: int,
     ) -> None:
         try:
-            text = await self._transcribe_turn(event, spec, metrics)
+            heard = await self._transcribe_turn(event, spec, metrics)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -371,6 +373,10 @@ class VoiceSession:
             return
         if metrics.stt_start is not None and metrics.stt_done is not None:
             self.stt_latency.add(metrics.stt_done - metrics.stt_start)
+        if heard.unheard is not None:
+            self._turn_unheard(item_id, heard.unheard, spec, metrics, generation)
+            return
+        text = heard.text
         self._emit(UserTranscript(item_id, text))
         answer = self._answers_turns()
         if text and answer:
@@ -392,25 +398,46 @@ class VoiceSession:
 
     async def _transcribe_turn(
         self, event: TurnEnded, spec: _Speculation | None, metrics: TurnMetrics
-    ) -> str:
-        """The turn's words: the early transcript if there is one, else the
-        whole turn's, within ``stt_timeout_s`` of the end of the turn. A
-        timeout cancels the request: still queued, it never reaches the
-        model; in flight, its result is dropped."""
+    ) -> Heard:
+        """The turn's words: the early transcript if there is one it can
+        trust, else the whole turn's, within ``stt_timeout_s`` of the end of
+        the turn. A timeout cancels the request: still queued, it never
+        reaches the model; in flight, its result is dropped."""
         timeout_s = self.config.stt_timeout_s
         try:
             async with asyncio.timeout(timeout_s):
                 early = await spec.stt_task if spec is not None else None
                 if early is None and not event.audio.size:
-                    early = ""  # a turn taken by hand in which the VAD heard no speech
-                if early is None:  # no speculation, or it was shed under load
-                    metrics.speculative = False
-                    metrics.stt_start = now()
-                    early = await self.models.stt.transcribe(event.audio)
-                    metrics.stt_done = now()
+                    return Heard("")  # a turn taken by hand in which the VAD heard no speech
+                if early is not None and early.settled:
+                    return early
+                # No speculation, it was shed under load, or it is distrusted.
+                metrics.speculative = False
+                metrics.stt_start = now()
+                heard = await self._hearing.final(event.audio, event.voiced_ms, early)
+                metrics.stt_done = now()
+                return heard
         except TimeoutError:
             raise SttTimeout(f"no transcript within {timeout_s:g} s") from None
-        return early.strip()
+
+    def _turn_unheard(
+        self,
+        item_id: str,
+        reason: str,
+        spec: _Speculation | None,
+        metrics: TurnMetrics,
+        generation: int,
+    ) -> None:
+        """The caller spoke and no words came out: say so to the client and
+        ask the caller to repeat, rather than leave them waiting."""
+        message = f"speech was heard but no words were recognised ({reason})"
+        self._emit(UserTranscriptFailed(item_id, "speech_not_recognized", message))
+        if spec is not None and spec.response is not None:
+            spec.response.cancel("superseded")
+        if generation != self._generation or self._closed or not self._answers_turns():
+            return
+        error = SessionError("speech_not_recognized", message, spoken=self.config.clarification)
+        self._play(self._new_response(None, metrics, failure=error))
 
     def _transcription_failed(
         self,
@@ -609,7 +636,13 @@ class VoiceSession:
         item_id = new_id("item")
         self._emit(UserTurnCommitted(item_id))
         end_ms = len(audio) * 1000 // SAMPLE_RATE
-        event = TurnEnded(audio=audio, audio_start_ms=0, audio_end_ms=end_ms, silence_ms=0)
+        event = TurnEnded(
+            audio=audio,
+            audio_start_ms=0,
+            audio_end_ms=end_ms,
+            silence_ms=0,
+            voiced_ms=self._manual.taken_voiced_ms,
+        )
         metrics = TurnMetrics()
         metrics.turn_end = metrics.speech_end = now()
         self._start_turn(event, item_id, None, metrics, self._generation)

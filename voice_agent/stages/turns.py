@@ -41,6 +41,7 @@ class Paused:
 
     audio: np.ndarray
     audio_end_ms: int
+    voiced_ms: int = 0  # how much of it the VAD called speech
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class TurnEnded:
     audio_start_ms: int
     audio_end_ms: int
     silence_ms: int  # silence waited after the last voiced frame
+    voiced_ms: int = 0  # how much of the turn the VAD called speech
 
 
 TurnEvent = SpeechStarted | Paused | Resumed | TurnEnded
@@ -73,6 +75,7 @@ class TurnDetector:
         self._in_turn = False
         self._silent_frames = 0
         self._voiced_len = 0  # frames in the turn up to the last voiced one
+        self._voiced_frames = 0  # voiced frames in the turn
         self._paused = False
         self._frame_index = 0
         self._turn_start_frame = 0
@@ -109,6 +112,7 @@ class TurnDetector:
             audio_start_ms=self._ms(self._turn_start_frame),
             audio_end_ms=self._end_ms(),
             silence_ms=self._silent_frames * FRAME_MS,
+            voiced_ms=self._voiced_frames * FRAME_MS,
         )
         self.reset()
         return ended
@@ -139,6 +143,7 @@ class TurnDetector:
         if len(self._recent) < self._start_frames or sum(self._recent) < needed:
             return []
         self._in_turn = True
+        self._voiced_frames = sum(self._recent)
         self._turn = list(self._preroll)
         self._preroll.clear()
         self._recent.clear()
@@ -153,6 +158,7 @@ class TurnDetector:
         events: list[TurnEvent] = []
         if voiced:
             self._silent_frames = 0
+            self._voiced_frames += 1
             self._voiced_len = len(self._turn)
             if self._paused:
                 self._paused = False
@@ -161,7 +167,13 @@ class TurnDetector:
             self._silent_frames += 1
         if not self._paused and self._silent_frames == self._early_frames:
             self._paused = True
-            events.append(Paused(audio=self._voiced_audio(), audio_end_ms=self._end_ms()))
+            events.append(
+                Paused(
+                    audio=self._voiced_audio(),
+                    audio_end_ms=self._end_ms(),
+                    voiced_ms=self._voiced_frames * FRAME_MS,
+                )
+            )
         if self._silent_frames >= self._end_frames or len(self._turn) >= self._max_frames:
             events.append(
                 TurnEnded(
@@ -169,6 +181,7 @@ class TurnDetector:
                     audio_start_ms=self._ms(self._turn_start_frame),
                     audio_end_ms=self._end_ms(),
                     silence_ms=self._silent_frames * FRAME_MS,
+                    voiced_ms=self._voiced_frames * FRAME_MS,
                 )
             )
             self._in_turn = False
