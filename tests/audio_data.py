@@ -8,6 +8,7 @@ import wave
 from pathlib import Path
 
 import numpy as np
+import soxr
 
 DATA = Path(__file__).parent / "data"
 RATE = 16_000
@@ -91,3 +92,24 @@ def with_pause(samples: np.ndarray, pause_s: float, threshold_db: float = -35.0)
         end += 1
     window = RATE // 100
     return np.concatenate((samples[: start * window], silence(pause_s), samples[end * window :]))
+
+
+# Telephone prompts recorded by Allison Smith (Asterisk's core sounds, 8 kHz,
+# CC-BY-SA 3.0: see tests/data/asterisk/COPYING), with their published text.
+ASTERISK = {
+    "please-try-call-later": "Please try your call again later.",
+    "check-number-dial-again": "Please check the number and dial again.",
+    "enter-num-blacklist": "Please enter the number to be blacklisted.",
+    "confbridge-lock-out": "to lock, or unlock the conference.",
+}
+
+
+def telephone_prompt(name: str) -> np.ndarray:
+    """16 kHz mono int16 samples of one 8 kHz prompt, trimmed as a turn is:
+    0.3 s before the speech, 0.1 s after it."""
+    with wave.open(str(DATA / "asterisk" / f"{name}.wav")) as handle:
+        assert handle.getframerate() == 8000 and handle.getnchannels() == 1
+        narrow = np.frombuffer(handle.readframes(handle.getnframes()), dtype=np.int16)
+    wide: np.ndarray = soxr.resample(narrow, 8000, RATE).astype(np.int16)
+    start, end = speech_bounds(wide)
+    return wide[max(0, int((start - 0.3) * RATE)) : int((end + 0.1) * RATE)]

@@ -34,7 +34,8 @@ class TranscriptionServer:
         self.stall.set()
         # Utterances whose transcript holds ``poison`` get ``poison_reply``.
         self.poison: str | None = None
-        self.poison_reply: Literal["error", "hang"] = "error"
+        # "empty": a 200 with no words, as a model that heard nobody answers.
+        self.poison_reply: Literal["error", "hang", "empty"] = "error"
         self.poisoned = 0  # requests answered with the fault
         self.abandoned = 0  # requests whose client hung up before the answer
         self._released = asyncio.Event()  # ends the hangs (at shutdown)
@@ -70,6 +71,8 @@ class TranscriptionServer:
         text = await self.stt.transcribe(audio.astype(np.int16))
         if self.poison is not None and self.poison in text.lower():
             self.poisoned += 1
+            if self.poison_reply == "empty":
+                return web.json_response({"text": ""})
             if self.poison_reply == "hang":
                 await self._released.wait()
             return web.json_response(
