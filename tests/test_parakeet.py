@@ -19,10 +19,12 @@ from tests.stt_fixtures import engine_with_stt, load_stt, parakeet_settings
 from tests.tiny_nemo import PHRASES, build_untrained_transducer, phrase_audio
 from voice_agent.backends import registry
 from voice_agent.backends.base import SttBackend
+from voice_agent.backends.capabilities import CarefulTranscriber
 from voice_agent.backends.stt_parakeet import ParakeetStt
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.session.events import SessionEvent, UserTranscript, UserTranscriptDelta
+from voice_agent.session.hearing import Hearing, HearingStats
 from voice_agent.session.session import VoiceSession
 
 pytestmark = pytest.mark.e2e
@@ -304,3 +306,24 @@ def test_partials_are_on_by_default_for_parakeet_only(
     # The setting wins over the backend's default.
     chosen = engine_with_stt(engine, parakeet, settings_with(stt_partial_interval_ms=250))
     assert chosen.session_config().partial_interval_ms == 250
+
+
+async def test_the_same_checks_and_safe_decode_serve_parakeet(parakeet: SttBackend) -> None:
+    """The fallback is the session's, not Whisper's: a clear phrase is
+    trusted as is; a turn the VAD called speech that gives no words (here
+    too short for the model's subsampling) is decoded again the safe way,
+    the audio with silence on either side."""
+    assert isinstance(parakeet, CarefulTranscriber)
+    stats = HearingStats()
+    hearing = Hearing(parakeet, stats, "test")
+    heard = await hearing.final(phrase_audio("goforward"), 2000, None)
+    assert heard.text == "go forward ten meters" and heard.distrusted is None
+    careful = await parakeet.transcribe_detailed(phrase_audio("goforward"), careful=True)
+    assert careful is not None and careful.careful
+    assert careful.text == "go forward ten meters"
+    assert not stats.redecoded
+    clipped = phrase_audio("goforward")[:1000]
+    fast = await parakeet.transcribe_detailed(clipped)
+    assert fast is not None and fast.text == ""
+    again = await hearing.final(clipped, 2000, None)
+    assert again.distrusted == "empty" and stats.redecoded == {"empty": 1}

@@ -21,6 +21,7 @@ import numpy as np
 
 from voice_agent.audio.pcm import int16_to_float
 from voice_agent.backends.batching import BatchingWorker
+from voice_agent.backends.capabilities import Transcription
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.config import Settings
 
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "nvidia/parakeet-tdt-0.6b-v2"
 # Below ~0.1 s a FastConformer's 8x subsampling leaves nothing to decode.
 MIN_SAMPLES = 1600
+# The safe way: the turn with this much silence on either side, so a word
+# at the very edge of the audio still has the context its convolutions and
+# the transducer's last frames need.
+CAREFUL_PAD_SAMPLES = 8000
 
 HOW_TO_PROVIDE = (
     "Pass --stt-model /path/to/model.nemo (for example parakeet-tdt-0.6b-v2.nemo, "
@@ -187,6 +192,16 @@ class ParakeetStt:
 
     async def transcribe(self, audio: np.ndarray) -> str:
         return await self._worker.submit(audio)
+
+    async def transcribe_detailed(
+        self, audio: np.ndarray, *, careful: bool = False, speculative: bool = False
+    ) -> Transcription | None:
+        """NeMo gives no confidence here, so the checks judge the text alone."""
+        if careful:
+            pad = np.zeros(CAREFUL_PAD_SAMPLES, dtype=np.int16)
+            audio = np.concatenate((pad, audio, pad))
+        text = await (self.transcribe_speculative(audio) if speculative else self.transcribe(audio))
+        return None if text is None else Transcription(text, careful=careful)
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         if len(audio) > self._partial_max_samples:
