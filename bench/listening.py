@@ -234,10 +234,13 @@ async def main() -> None:
     )
     parser.add_argument("--set", choices=["measurement", "tuning"], default="measurement")
     parser.add_argument("--limit", type=int, default=0, help="only the first N utterances")
+    parser.add_argument("--only", action="append", default=[], help="only this one (repeatable)")
     parser.add_argument("--client-nice", type=int, default=10)
     parser.add_argument("--server-arg", action="append", default=[], help="for both servers")
     args = parser.parse_args()
     utterances = split_sets()[args.set]
+    if args.only:
+        utterances = [u for u in utterances if u.name in args.only]
     if args.limit:
         utterances = utterances[: args.limit]
     print(f"{args.set} set: {len(utterances)} utterances", flush=True)

@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 import numpy as np
 import pytest
+from aiohttp import web
 
 from tests.audio_data import (
     ASTERISK,
@@ -27,7 +29,9 @@ from tests.test_faults import API, OTHER_REPLY, apology_heard, caller, failure_c
 from tests.transcription_server import API_KEY, transcription_server
 from voice_agent.backends import registry
 from voice_agent.backends.capabilities import CarefulTranscriber, Transcription
+from voice_agent.backends.stt_openai import HostedStt
 from voice_agent.engine import Engine
+from voice_agent.server.speech_api import add_speech_routes
 from voice_agent.session.hearing import Hearing, HearingStats
 from voice_agent.session.session import SessionConfig
 from voice_agent.stages.transcript_check import distrust, has_loop, without_loop
@@ -203,3 +207,34 @@ async def test_a_turn_with_no_words_is_never_dropped_in_silence(
         finally:
             await close_quietly(llm)
             await close_quietly(stt)
+
+
+@pytest.mark.e2e
+async def test_media_workers_get_the_evidence_and_the_safe_decode_from_the_model_process(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """With --workers, the sessions reach Whisper through the model
+    process's speech API: its transcripts carry the evidence, and the safe
+    decode is asked for there."""
+    assert engine.models is not None
+    speech = web.Application()
+    add_speech_routes(speech, engine.models.stt, engine.models.tts)
+    runner = web.AppRunner(speech)
+    await runner.setup()
+    socket = str(tmp_path / "speech.sock")
+    await web.UnixSite(runner, socket).start()
+    hosted = HostedStt(socket, 0, 30.0)
+    try:
+        assert isinstance(hosted, CarefulTranscriber)
+        prompt = telephone_prompt("please-try-call-later")
+        fast = await hosted.transcribe_detailed(prompt)
+        assert fast is not None and not fast.careful and fast.no_speech_prob is not None
+        assert word_error_rate(ASTERISK["please-try-call-later"], fast.text) <= 0.2
+        careful = await hosted.transcribe_detailed(prompt, careful=True)
+        assert careful is not None and careful.careful
+        stats = HearingStats()
+        heard = await Hearing(hosted, stats, "test").final(silence(2.0), SPEECH_MS, None)
+        assert heard.unheard == "no_speech" and stats.redecoded == {"no_speech": 1}
+    finally:
+        await hosted.aclose()
+        await runner.cleanup()

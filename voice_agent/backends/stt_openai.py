@@ -16,10 +16,12 @@ import logging
 import os
 import time
 import wave
+from typing import Any
 
 import aiohttp
 import numpy as np
 
+from voice_agent.backends.capabilities import Transcription
 from voice_agent.backends.http_pool import PooledHttpClient
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.config import Settings
@@ -65,13 +67,16 @@ class OpenAIStt(PooledHttpClient):
         return RemoteSttError(f"the STT client for {self.url} is closed")
 
     async def transcribe(self, audio: np.ndarray) -> str:
-        text = await self._request(audio, None)
-        if text is None:  # only low-priority requests are ever shed
+        answer = await self._request(audio, None)
+        if answer is None:  # only low-priority requests are ever shed
             raise RemoteSttError(f"STT server {self.url} shed a final transcript")
-        return text
+        return str(answer["text"])
 
-    async def _request(self, audio: np.ndarray, priority: str | None) -> str | None:
-        """The transcript, or None when the server shed a low-priority request."""
+    async def _request(
+        self, audio: np.ndarray, priority: str | None, fields: dict[str, str] | None = None
+    ) -> dict[str, Any] | None:
+        """The server's answer (its "text" a stripped string), or None when
+        it shed a low-priority request."""
         form = aiohttp.FormData()
         form.add_field("file", wav_bytes(audio), filename="audio.wav", content_type="audio/wav")
         form.add_field("model", self._model)
@@ -80,6 +85,8 @@ class OpenAIStt(PooledHttpClient):
             form.add_field("language", self._language)
         if priority is not None:
             form.add_field("priority", priority)
+        for name, value in (fields or {}).items():
+            form.add_field(name, value)
         started = time.monotonic()
         try:
             # A cancelled caller closes its connection; the others stay pooled.
@@ -114,7 +121,8 @@ class OpenAIStt(PooledHttpClient):
                 f"STT server {self.url} sent no transcript ({exc!r}): {body[:300]}"
             ) from None
         self._latency.add(time.monotonic() - started)
-        return text.strip()
+        answer["text"] = text.strip()
+        return dict(answer)
 
 
 class HostedStt(OpenAIStt):
@@ -129,10 +137,33 @@ class HostedStt(OpenAIStt):
         self.default_partial_interval_ms = partial_interval_ms
 
     async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
-        return await self._request(audio, "speculative")
+        answer = await self._request(audio, "speculative")
+        return None if answer is None else str(answer["text"])
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
-        return await self._request(audio, "partial")
+        answer = await self._request(audio, "partial")
+        return None if answer is None else str(answer["text"])
+
+    async def transcribe_detailed(
+        self, audio: np.ndarray, *, careful: bool = False, speculative: bool = False
+    ) -> Transcription | None:
+        """The model process's transcript with its evidence; ``careful`` is
+        decoded the safe way there (a model with no safer way says so)."""
+        fields = {"detail": "true", **({"careful": "true"} if careful else {})}
+        answer = await self._request(audio, "speculative" if speculative else None, fields)
+        if answer is None:
+            return None
+        return Transcription(
+            str(answer["text"]),
+            no_speech_prob=_number(answer.get("no_speech_prob")),
+            avg_logprob=_number(answer.get("avg_logprob")),
+            truncated=answer.get("truncated") is True,
+            careful=answer.get("careful") is not False,
+        )
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def create(settings: Settings) -> OpenAIStt:

@@ -36,6 +36,7 @@ from aiohttp import BodyPartReader, web
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import SttBackend, TtsBackend
 from voice_agent.backends.capabilities import (
+    CarefulTranscriber,
     PartialTranscriber,
     ReportsStats,
     SpeculativeTranscriber,
@@ -83,11 +84,14 @@ def decode_wav(data: bytes) -> np.ndarray:
     return np.asarray(samples, dtype=np.int16)
 
 
-async def _read_transcription_form(request: web.Request) -> tuple[bytes, str]:
+async def _read_transcription_form(request: web.Request) -> tuple[bytes, str, set[str]]:
+    """The audio, the priority, and the flags set to "true" (``detail``:
+    answer with the model's evidence; ``careful``: decode the safe way)."""
     if request.content_type != "multipart/form-data":
         raise SpeechRequestError(415, "unsupported_media_type", "send multipart/form-data")
     audio: bytes | None = None
     priority = "final"
+    flags: set[str] = set()
     try:
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
@@ -98,6 +102,8 @@ async def _read_transcription_form(request: web.Request) -> tuple[bytes, str]:
                 audio = bytes(data)
             elif part.name == "priority":
                 priority = data.decode("utf-8", errors="replace")
+            elif part.name in ("detail", "careful") and data == b"true":
+                flags.add(part.name)
     except (ValueError, AssertionError, EOFError) as exc:
         raise SpeechRequestError(400, "invalid_body", f"malformed multipart: {exc}") from None
     if audio is None:
@@ -106,16 +112,40 @@ async def _read_transcription_form(request: web.Request) -> tuple[bytes, str]:
         raise SpeechRequestError(
             400, "invalid_priority", f"priority must be one of {', '.join(PRIORITIES)}"
         )
-    return audio, priority
+    return audio, priority, flags
+
+
+async def _detailed(stt: SttBackend, audio: np.ndarray, priority: str, careful: bool) -> Any:
+    """The transcript and the model's evidence; a model with no safe way
+    marks every transcript careful (there is none safer to ask for)."""
+    speculative = priority == "speculative"
+    if isinstance(stt, CarefulTranscriber):
+        result = await stt.transcribe_detailed(audio, careful=careful, speculative=speculative)
+        if result is None:
+            return {"text": None, "shed": True}
+        return {
+            "text": result.text,
+            "no_speech_prob": result.no_speech_prob,
+            "avg_logprob": result.avg_logprob,
+            "truncated": result.truncated,
+            "careful": result.careful,
+        }
+    if speculative and isinstance(stt, SpeculativeTranscriber):
+        text = await stt.transcribe_speculative(audio)
+    else:
+        text = await stt.transcribe(audio)
+    return {"text": None, "shed": True} if text is None else {"text": text, "careful": True}
 
 
 def add_speech_routes(app: web.Application, stt: SttBackend, tts: TtsBackend) -> None:
     async def transcriptions(request: web.Request) -> web.StreamResponse:
         try:
-            data, priority = await _read_transcription_form(request)
+            data, priority, flags = await _read_transcription_form(request)
             audio = decode_wav(data)
         except SpeechRequestError as exc:
             return _error(exc.status, exc.code, str(exc))
+        if "detail" in flags and priority in ("final", "speculative"):
+            return web.json_response(await _detailed(stt, audio, priority, "careful" in flags))
         text: str | None
         if priority == "speculative" and isinstance(stt, SpeculativeTranscriber):
             text = await stt.transcribe_speculative(audio)

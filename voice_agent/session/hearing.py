@@ -136,6 +136,15 @@ class Hearing:
         self._stats.unheard[unheard] += 1
         log.warning(
             "speech heard but no words recognised",
-            extra={"session": self._session_id, "reason": unheard, "voiced_ms": voiced_ms},
+            extra={
+                "session": self._session_id,
+                "reason": unheard,
+                "voiced_ms": voiced_ms,
+                "distrusted": distrusted,
+                "careful": transcription.careful,
+                "no_speech_prob": transcription.no_speech_prob,
+                "avg_logprob": transcription.avg_logprob,
+                "raw_text": transcription.text,
+            },
         )
         return Heard("", distrusted=distrusted, unheard=unheard)
