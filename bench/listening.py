@@ -15,8 +15,10 @@ prompts split in two sets that never mix:
 Both servers run side by side (their own processes); each utterance is
 spoken to one, then to the other, so noise on this host hits both arms. The
 clients run in this process at --client-nice (default 10). Per arm and
-codec it prints WER, turns with no reply, empty and truncated transcripts
-and client-measured voice-to-voice, and lists every utterance that failed.
+codec it prints WER (digits and symbols read as words on both sides), turns
+with no reply, unheard turns (transcription failed: the caller was asked to
+repeat), empty and truncated transcripts and client-measured voice-to-voice,
+and lists every utterance that failed.
 
     .venv/bin/python bench/listening.py                 # the measurement set
     .venv/bin/python bench/listening.py --limit 30      # its first 30
@@ -27,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gzip
+import json
 import os
 import re
 import signal
@@ -189,9 +193,14 @@ async def run(arm_urls: dict[str, str], utterances: list[Utterance]) -> list[Res
     return results
 
 
+def wer(result: Result) -> float:
+    """Both sides with digits and symbols as words ("3D" is "three d")."""
+    return word_error_rate(result.reference, _normalised(result.transcript or ""))
+
+
 def truncated(result: Result) -> bool:
     """The transcript lost the reference's last word(s)."""
-    ref, hyp = words(result.reference), words(result.transcript or "")
+    ref, hyp = words(result.reference), words(_normalised(result.transcript or ""))
     return bool(hyp) and len(hyp) < len(ref) and hyp[-1] != ref[-1]
 
 
@@ -200,10 +209,7 @@ def report(results: list[Result]) -> None:
     for arm in ARMS:
         for codec in CODECS:
             mine = [r for r in results if r.arm == arm and r.codec == codec]
-            errors = sum(
-                word_error_rate(r.reference, r.transcript or "") * len(words(r.reference))
-                for r in mine
-            )
+            errors = sum(wer(r) * len(words(r.reference)) for r in mine)
             total_words = sum(len(words(r.reference)) for r in mine)
             v2v = [r.v2v_ms for r in mine if r.v2v_ms is not None]
             rows.append(
@@ -213,15 +219,27 @@ def report(results: list[Result]) -> None:
                     len(mine),
                     f"{errors / max(1, total_words):.3f}",
                     sum(not r.replied for r in mine),
+                    sum(r.transcript is None for r in mine),
                     sum(not (r.transcript or "").strip() for r in mine),
                     sum(truncated(r) for r in mine),
                     f"{pct(v2v, 50):.0f}" if v2v else "-",
                     f"{pct(v2v, 95):.0f}" if v2v else "-",
                 ]
             )
-    header = ["arm", "codec", "turns", "WER", "no reply", "empty", "truncated", "v2v p50", "p95"]
+    header = [
+        "arm",
+        "codec",
+        "turns",
+        "WER",
+        "no reply",
+        "unheard",
+        "empty",
+        "truncated",
+        "v2v p50",
+        "p95",
+    ]
     print(table(rows, header))
-    failed = [r for r in results if word_error_rate(r.reference, r.transcript or "") > 0.25]
+    failed = [r for r in results if wer(r) > 0.25]
     if failed:
         print("\nUtterances with WER > 0.25 (or no transcript):")
         for r in failed:
@@ -236,6 +254,7 @@ async def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N utterances")
     parser.add_argument("--only", action="append", default=[], help="only this one (repeatable)")
     parser.add_argument("--client-nice", type=int, default=10)
+    parser.add_argument("--json", type=Path, help="also write every turn's result here")
     parser.add_argument("--server-arg", action="append", default=[], help="for both servers")
     args = parser.parse_args()
     utterances = split_sets()[args.set]
@@ -257,6 +276,8 @@ async def main() -> None:
         results = await run({arm: url for arm, (_, url) in servers.items()}, utterances)
         print(f"\n{len(results)} turns in {time.monotonic() - started:.0f} s\n")
         report(results)
+        if args.json:
+            args.json.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     finally:
         for process, _ in servers.values():
             process.send_signal(signal.SIGINT)
