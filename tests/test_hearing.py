@@ -34,7 +34,13 @@ from voice_agent.engine import Engine
 from voice_agent.server.speech_api import add_speech_routes
 from voice_agent.session.hearing import Hearing, HearingStats
 from voice_agent.session.session import SessionConfig
-from voice_agent.stages.transcript_check import distrust, has_loop, without_loop
+from voice_agent.stages.transcript_check import (
+    distrust,
+    garbled,
+    hallucinated,
+    has_loop,
+    without_loop,
+)
 
 SPEECH_MS = 2000  # what the VAD reports for a clearly voiced turn
 
@@ -49,6 +55,10 @@ SPEECH_MS = 2000  # what the VAD reports for a clearly voiced turn
         ("Please enter your agent number followed by the pound key.", False),
         ("No, no, no. I said the blue one.", False),
         ("Go on. Go on and on and on.", False),
+        ("Yes, yes, yes, yes, that is right.", False),
+        ("I'd like a table for two. Actually, I'd like a table for four.", False),
+        ("My number is 0 4 0 4 0 4 1 2.", False),
+        ("Ha-ha-ha-ha.", True),
         ("That agent is already logged on. Please enter your agent number.", False),
     ],
 )
@@ -60,6 +70,22 @@ def test_a_loop_is_cut_where_it_starts_again() -> None:
     assert without_loop("Please, please, please, please, please,") == "Please"
     looped = "Please check the number and dial again Please check the number and dial"
     assert without_loop(looped) == "Please check the number and dial again"
+    assert without_loop("Ha-ha-ha-ha.") == "Ha-ha-ha-ha."  # one token, kept whole
+
+
+@pytest.mark.parametrize(
+    ("text", "marks"),
+    [
+        ("Un-------------", True),
+        ("...", True),
+        ("No...", False),
+        ("OK!", False),
+        ("لِلَّهِ", False),
+        ("你好", False),
+    ],
+)
+def test_marks_where_words_should_be(text: str, marks: bool) -> None:
+    assert garbled(text) is marks
 
 
 def test_what_is_distrusted_and_why() -> None:
@@ -71,9 +97,11 @@ def test_what_is_distrusted_and_why() -> None:
     assert distrust(Transcription("Un-------------"), SPEECH_MS) == "garbled"
     assert distrust(Transcription("Please", truncated=True), SPEECH_MS) == "truncated"
     assert distrust(Transcription("Hum drum", avg_logprob=-1.4), SPEECH_MS) == "low_confidence"
-    # Words the model believes nobody said, from audio the VAD barely heard.
-    assert distrust(Transcription("you", no_speech_prob=0.7), 100) == "no_speech"
-    assert distrust(Transcription("you", no_speech_prob=0.7), SPEECH_MS) is None
+    # Words the model believes nobody said, from audio the VAD barely heard,
+    # are dropped outright (no safe decode for a cough); from speech they stand.
+    invented = Transcription("you", no_speech_prob=0.7)
+    assert hallucinated(invented, 100) and not hallucinated(invented, SPEECH_MS)
+    assert distrust(invented, SPEECH_MS) is None
 
 
 # -- the real Whisper backend --------------------------------------------------------
@@ -238,3 +266,39 @@ async def test_media_workers_get_the_evidence_and_the_safe_decode_from_the_model
     finally:
         await hosted.aclose()
         await runner.cleanup()
+
+
+class SafeDecodeFailing:
+    """The real Whisper backend whose safe decode fails (a model process
+    gone, say), as a fault stands in front of a real model."""
+
+    def __init__(self, stt: CarefulTranscriber) -> None:
+        self._stt = stt
+        self.name = "failing-safe-decode"
+        self.failed = 0
+
+    async def transcribe(self, audio: np.ndarray) -> str:
+        result = await self._stt.transcribe_detailed(audio)
+        assert result is not None
+        return result.text
+
+    async def transcribe_detailed(
+        self, audio: np.ndarray, *, careful: bool = False, speculative: bool = False
+    ) -> Transcription | None:
+        if careful:
+            self.failed += 1
+            raise RuntimeError("the model process went away")
+        return await self._stt.transcribe_detailed(audio, speculative=speculative)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_failed_safe_decode_leaves_the_fast_words(engine: Engine) -> None:
+    failing = SafeDecodeFailing(_whisper(engine))
+    stats = HearingStats()
+    heard = await Hearing(failing, stats, "test").final(_said_over_and_over(), SPEECH_MS, None)
+    assert failing.failed == 1 and heard.distrusted == "repetition"
+    # The loop is still never answered as one: cut where it starts again.
+    assert heard.text.lower().startswith("please try") and not has_loop(heard.text)
+    assert stats.loops_cut == 1

@@ -309,6 +309,11 @@ class Settings(BaseSettings):
         "Sorry, I can't answer right now. Please try again in a moment.",
         description="Spoken when the LLM fails before saying anything.",
     )
+    stt_clarification: str = Field(
+        "Sorry, I didn't catch that. Could you say it again?",
+        description="Spoken when the caller spoke but no words were recognised, even on a "
+        "second, safer decode (in the language the caller speaks, for a non-English agent).",
+    )
     tools: str | None = Field(
         None,
         description="Python module whose functions the model may call (its __all__, else its "

@@ -335,6 +335,7 @@ class Engine:
             partial_interval_ms=self._partial_interval_ms(),
             stt_timeout_s=s.stt_timeout_s,
             hearing_stats=self.hearing,
+            clarification=s.stt_clarification,
         )
 
     def _partial_interval_ms(self) -> int:

@@ -345,9 +345,9 @@ class FasterWhisperStt:
                 and result.avg_logprob < LOGPROB_THRESHOLD
             )
             # Noise or breath: Whisper would otherwise invent a phrase.
-            text, open_end = "", False
+            text, stops_inside = "", False
             if not silent:
-                text, open_end = self._decode_segments(result.tokens, features.shape[1] / 100)
+                text, stops_inside = self._decode_segments(result.tokens, features.shape[1] / 100)
             transcriptions.append(
                 (
                     i,
@@ -355,7 +355,7 @@ class FasterWhisperStt:
                         text,
                         no_speech_prob=result.no_speech_prob,
                         avg_logprob=result.avg_logprob,
-                        truncated=open_end and not result.finished,
+                        truncated=stops_inside and not result.finished,
                         careful=window == FULL_WINDOW_FRAMES,
                     ),
                 )
@@ -364,27 +364,30 @@ class FasterWhisperStt:
 
     def _decode_segments(self, tokens: list[int], duration_s: float) -> tuple[str, bool]:
         """Text of the timestamped segments that start inside the audio, and
-        whether that text ends in a segment left open (no closing timestamp)."""
+        whether the tokens stop inside the audio too (if the length limit
+        stopped them, the rest of the utterance is missing)."""
         first_timestamp = self._tokenizer.timestamp_begin
         texts: list[str] = []
         words: list[int] = []
         start: float | None = None
+        last_time = 0.0
         for token in tokens:
             if token >= first_timestamp:
+                last_time = (token - first_timestamp) * 0.02
                 if start is None:
-                    start = (token - first_timestamp) * 0.02
+                    start = last_time
                     continue
                 if start < duration_s - 0.1:
                     texts.append(self._tokenizer.decode(words))
                 words, start = [], None
             elif token < self._tokenizer.eot:
                 words.append(token)
-        open_end = bool(words) and (start is None or start < duration_s - 0.1)
-        if open_end:
+        if words and (start is None or start < duration_s - 0.1):
             texts.append(self._tokenizer.decode(words))
         text = "".join(texts).strip()
         kept = without_restart(text)
-        return kept, open_end and kept == text
+        # A restart cut away means the words that matter all came before it.
+        return kept, last_time < duration_s - 0.1 and kept == text
 
     def _transcribe_long(self, samples: np.ndarray, model: WhisperModel) -> str:
         segments, _info = model.transcribe(

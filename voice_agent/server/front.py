@@ -20,6 +20,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,16 @@ def merge_pacing(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def merge_hearing(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The workers' redecoded and unheard turns, summed (sessions live there)."""
+    merged: dict[str, Any] = {"redecoded": Counter(), "unheard": Counter(), "loops_cut": 0}
+    for part in parts:
+        merged["redecoded"].update(part.get("redecoded", {}))
+        merged["unheard"].update(part.get("unheard", {}))
+        merged["loops_cut"] += part.get("loops_cut", 0)
+    return {**merged, "redecoded": dict(merged["redecoded"]), "unheard": dict(merged["unheard"])}
+
+
 async def stats(request: web.Request) -> web.StreamResponse:
     """The same counters as one process serves, summed over the workers,
     plus each worker's own line."""
@@ -305,6 +316,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
     stt = engine.models.stt if engine.models is not None else None
     stt_body: dict[str, Any] = dict(stt.stats()) if isinstance(stt, ReportsStats) else {}
     stt_body["sessions"] = [s for w in answered for s in w.get("stt", {}).get("sessions", [])]
+    stt_body["hearing"] = merge_hearing([w.get("stt", {}).get("hearing", {}) for w in answered])
     body = {
         **_capacity(pool),
         "calls_total": sum(w.get("calls_total", 0) for w in answered),

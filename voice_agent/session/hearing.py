@@ -43,6 +43,9 @@ class Heard:
     settled: bool = True
     distrusted: str | None = None  # why the fast transcript was not trusted
     unheard: str | None = None  # speech, but no words even the safe way: why
+    loop_cut: bool = False  # a loop that survived the safe way was cut
+    # For the log of an unheard turn: voiced ms, no-speech, mean log-prob.
+    evidence: tuple[int, float | None, float | None] | None = None
 
 
 class HearingStats:
@@ -51,7 +54,7 @@ class HearingStats:
     def __init__(self) -> None:
         self.redecoded: Counter[str] = Counter()  # safe decodes, by what was distrusted
         self.unheard: Counter[str] = Counter()  # voiced turns with no words, by why
-        self.loops_cut = 0  # safe decodes that still looped, cut at the loop
+        self.loops_cut = 0  # transcripts that still looped, cut where the loop starts
 
     def snapshot(self) -> dict[str, object]:
         return {
@@ -89,62 +92,80 @@ class Hearing:
         """The turn's words: a settled speculation's, or else decoded now,
         and again the safe way if the fast decode is not to be trusted."""
         if early is not None and early.settled:
-            return early
+            return self._counted(early)
         stt = self._stt
         if early is not None and early.distrusted is not None:
-            reason = early.distrusted
-            fast_text = early.text
+            reason, fast = early.distrusted, Transcription(early.text)
         else:
             if isinstance(stt, CarefulTranscriber):
-                transcription = await stt.transcribe_detailed(audio)
-                assert transcription is not None  # only speculative work is shed
+                detailed = await stt.transcribe_detailed(audio)
+                assert detailed is not None  # only speculative work is shed
+                fast = detailed
             else:
-                transcription = Transcription(await stt.transcribe(audio))
-            found = distrust(transcription, voiced_ms)
-            if found is None or not self._can_redecode(transcription):
-                return self._settle(transcription, found, voiced_ms)
-            reason, fast_text = found, transcription.text
+                fast = Transcription(await stt.transcribe(audio))
+            found = distrust(fast, voiced_ms)
+            if found is None or not self._can_redecode(fast):
+                return self._counted(self._settle(fast, found, voiced_ms))
+            reason = found
         assert isinstance(stt, CarefulTranscriber)
         self._stats.redecoded[reason] += 1
         log.info(
             "transcript decoded again",
-            extra={"session": self._session_id, "reason": reason, "fast_text": fast_text},
+            extra={"session": self._session_id, "reason": reason, "fast_chars": len(fast.text)},
         )
-        careful = await stt.transcribe_detailed(audio, careful=True)
+        try:
+            careful = await stt.transcribe_detailed(audio, careful=True)
+        except Exception as exc:
+            # The fast words are better than none: the turn is answered.
+            log.warning(
+                "safe decode failed; the fast transcript stands",
+                extra={"session": self._session_id, "error": str(exc)},
+            )
+            return self._counted(self._settle(fast, reason, voiced_ms))
         assert careful is not None
-        return self._settle(careful, reason, voiced_ms)
+        return self._counted(self._settle(careful, reason, voiced_ms))
 
     def _can_redecode(self, transcription: Transcription) -> bool:
         return isinstance(self._stt, CarefulTranscriber) and not transcription.careful
 
-    def _settle(
-        self, transcription: Transcription, distrusted: str | None, voiced_ms: int
-    ) -> Heard:
-        """The words to answer: a loop that survived the safe way is cut at
-        its start, marks alone are no words; no words from speech is unheard."""
+    @staticmethod
+    def _settle(transcription: Transcription, distrusted: str | None, voiced_ms: int) -> Heard:
+        """The words to answer: none the model believes nobody said from a
+        mere noise, a loop that survived the safe way cut where it starts
+        again, marks alone no words; no words from speech is unheard."""
         text = transcription.text.strip()
         if hallucinated(transcription, voiced_ms):
             text = ""
-        if has_loop(text):
-            self._stats.loops_cut += 1
-            text = without_loop(text)
-        if garbled(text):
-            text = ""
-        if text or voiced_ms < MIN_SPEECH_MS:
-            return Heard(text, distrusted=distrusted)
+        cut = without_loop(text) if has_loop(text) else text
+        if garbled(cut):
+            cut = ""
+        if cut or voiced_ms < MIN_SPEECH_MS:
+            return Heard(cut, distrusted=distrusted, loop_cut=cut != text)
         unheard = distrust(Transcription("", transcription.no_speech_prob), voiced_ms) or "empty"
-        self._stats.unheard[unheard] += 1
-        log.warning(
-            "speech heard but no words recognised",
-            extra={
-                "session": self._session_id,
-                "reason": unheard,
-                "voiced_ms": voiced_ms,
-                "distrusted": distrusted,
-                "careful": transcription.careful,
-                "no_speech_prob": transcription.no_speech_prob,
-                "avg_logprob": transcription.avg_logprob,
-                "raw_text": transcription.text,
-            },
+        return Heard(
+            "",
+            distrusted=distrusted,
+            unheard=unheard,
+            evidence=(voiced_ms, transcription.no_speech_prob, transcription.avg_logprob),
         )
-        return Heard("", distrusted=distrusted, unheard=unheard)
+
+    def _counted(self, heard: Heard) -> Heard:
+        """Counts the turn's outcome: only a final is counted, never a
+        speculation its caller may yet speak on from."""
+        if heard.loop_cut:
+            self._stats.loops_cut += 1
+        if heard.unheard is not None:
+            self._stats.unheard[heard.unheard] += 1
+            voiced_ms, no_speech_prob, avg_logprob = heard.evidence or (0, None, None)
+            log.warning(
+                "speech heard but no words recognised",
+                extra={
+                    "session": self._session_id,
+                    "reason": heard.unheard,
+                    "distrusted": heard.distrusted,
+                    "voiced_ms": voiced_ms,
+                    "no_speech_prob": no_speech_prob,
+                    "avg_logprob": avg_logprob,
+                },
+            )
+        return heard

@@ -413,7 +413,7 @@ class VoiceSession:
                     return early
                 # No speculation, it was shed under load, or it is distrusted.
                 metrics.speculative = False
-                metrics.stt_start = now()
+                metrics.stt_start, metrics.stt_done = now(), None
                 heard = await self._hearing.final(event.audio, event.voiced_ms, early)
                 metrics.stt_done = now()
                 return heard

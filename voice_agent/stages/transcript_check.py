@@ -28,8 +28,8 @@ COMPRESSION_RATIO_THRESHOLD = 2.4
 WORD_RUN = 4
 PHRASE_RUN = 3
 LONGEST_RUN_NGRAM = 4
-# A phrase this long said twice is a loop too ("Please check the number
-# and dial again. Please check the number and dial").
+# A stretch this long read again to the end is a loop too ("Please check the
+# number and dial again. Please check the number and dial").
 LONG_REPEAT_WORDS = 5
 # Below this much voiced audio a turn with no words is taken for a noise
 # (a cough, a click), not for speech nobody understood.
@@ -37,7 +37,7 @@ MIN_SPEECH_MS = 300
 
 
 def _words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+    return re.findall(r"[\w']+", text.lower())
 
 
 def compression_ratio(text: str) -> float:
@@ -46,20 +46,26 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
+def _repeats_to_end(words: list[str], start: int, n: int) -> bool:
+    return all(words[i] == words[start + (i - start) % n] for i in range(start, len(words)))
+
+
 def _loop_start(words: list[str]) -> int | None:
-    """Index of the word where a repetition loop starts (its second
-    occurrence), or None."""
+    """Index of the word where a repetition loop's second occurrence
+    begins, or None. Whisper's loops run to the end of the transcript (the
+    length limit stops them); a repeat the speaker moves on from ("yes, yes,
+    yes, yes, that's right", a correction) is speech, not a loop."""
+    end = len(words)
     for n in range(1, LONGEST_RUN_NGRAM + 1):
         run = WORD_RUN if n == 1 else PHRASE_RUN
-        for start in range(len(words) - n * run + 1):
-            gram = words[start : start + n]
-            if all(words[start + k * n : start + (k + 1) * n] == gram for k in range(run)):
+        for start in range(end - n * run + 1):
+            if _repeats_to_end(words, start, n):
                 return start + n
-    seen: dict[tuple[str, ...], int] = {}
-    for start in range(len(words) - LONG_REPEAT_WORDS + 1):
-        first = seen.setdefault(tuple(words[start : start + LONG_REPEAT_WORDS]), start)
-        if start - first >= LONG_REPEAT_WORDS:
-            return start
+    # A longer stretch read again from an earlier point, to the end.
+    for first in range(end):
+        for second in range(first + LONG_REPEAT_WORDS, end - LONG_REPEAT_WORDS + 1):
+            if words[second:] == words[first : first + end - second]:
+                return second
     return None
 
 
@@ -70,27 +76,29 @@ def has_loop(text: str) -> bool:
 
 
 def garbled(text: str) -> bool:
-    """Mostly marks, few letters: "Un-------------"."""
-    visible = [c for c in text if not c.isspace()]
-    return bool(visible) and sum(c.isalnum() for c in visible) < len(visible) / 2
+    """Marks where words should be: a run of one mark ("Un-------------"),
+    or marks and no letter or digit at all."""
+    if re.search(r"([^\w\s])\1{3,}", text):
+        return True
+    return bool(text.strip()) and not any(c.isalpha() or c.isdigit() for c in text)
 
 
 def without_loop(text: str) -> str:
-    """The text up to where a repetition loop begins (its first
+    """The text up to where a repetition loop starts again (its first
     occurrence kept), for a transcript that loops even the safe way."""
     tokens = text.split()
     start = _loop_start(_words(text))
     if start is None:
         return text
-    # Map the word index back onto the original tokens (punctuation kept).
+    # Map the word index back onto the original tokens (punctuation kept);
+    # a token holding several words ("ha-ha-ha-ha") is kept whole.
     kept: list[str] = []
     count = 0
     for token in tokens:
-        bare = _words(token)
-        if count + len(bare) > start:
+        if count >= start:
             break
         kept.append(token)
-        count += len(bare)
+        count += len(_words(token))
     return " ".join(kept).rstrip(",;:")
 
 
@@ -115,8 +123,6 @@ def distrust(transcription: Transcription, voiced_ms: int) -> str | None:
         if not speech:
             return None
         return "no_speech" if nobody_spoke(transcription) else "empty"
-    if hallucinated(transcription, voiced_ms):
-        return "no_speech"
     if has_loop(text):
         return "repetition"
     if garbled(text):
