@@ -295,3 +295,21 @@ async def test_close_fails_a_batch_formed_but_not_yet_started() -> None:
         with pytest.raises(WorkerClosed):
             await submitted
     assert model.batches == []
+
+
+async def test_slow_work_of_a_higher_rank_never_rides_in_nor_holds_up_a_batch() -> None:
+    """Ranked requests (here: numbers of 100 and more are the slow kind,
+    as a safe re-decode is) batch only with their own rank, after the
+    lower rank waiting, in arrival order within a rank."""
+    model = Model()
+    worker = BatchingWorker("t", model, max_batch=4, max_wait_s=0.0, rank=lambda x: int(x >= 100))
+    try:
+        held = await hold(model, worker)
+        queued = [asyncio.create_task(worker.submit(x)) for x in (100, 1, 101, 2, 3)]
+        await asyncio.sleep(0)  # all queued behind the held batch
+        model.gate.set()
+        results = await asyncio.gather(held, *queued)
+    finally:
+        worker.close()
+    assert results == [-2, 200, 2, 202, 4, 6]
+    assert model.batches == [[-1], [1, 2, 3], [100, 101]]

@@ -91,7 +91,12 @@ class BatchingWorker(Generic[Req, Res]):
         max_partials: int = 64,
         max_partial_batch: int = 2,
         parallel: int = 1,
+        rank: Callable[[Req], int] = lambda item: 0,
     ) -> None:
+        """``rank``: among waiting requests of one priority, a batch takes
+        only those of the lowest rank (the rest wait for the next batch), so
+        slow work (a safe re-decode) never rides in, nor holds up, a batch
+        of fast work."""
         if min(max_batch, max_queue, max_partial_batch, parallel) < 1 or max_wait_s < 0:
             raise ValueError(
                 "max_batch, max_partial_batch, max_queue and parallel must be >= 1, max_wait_s >= 0"
@@ -101,6 +106,7 @@ class BatchingWorker(Generic[Req, Res]):
         self.max_partial_batch = max_partial_batch
         self.max_wait_s = max_wait_s
         self._run_batch = run_batch
+        self._rank = rank
         self._thread = InferenceWorker(name, parallel)
         self._free_threads = asyncio.Semaphore(parallel)
         self._finals: deque[_Request[Req, Res]] = deque()
@@ -264,11 +270,14 @@ class BatchingWorker(Generic[Req, Res]):
             if self._finals
             else (self._partials, self.max_partial_batch)
         )
-        batch: list[_Request[Req, Res]] = []
-        while queue and len(batch) < limit:
-            request = queue.popleft()
-            if not request.future.done():  # cancelled while queued
-                batch.append(request)
+        live = [r for r in queue if not r.future.done()]  # not cancelled while queued
+        queue.clear()
+        if not live:
+            return []
+        best = min(self._rank(r.item) for r in live)
+        batch = [r for r in live if self._rank(r.item) == best][:limit]
+        taken = {id(r) for r in batch}  # by identity: requests hold arrays
+        queue.extend(r for r in live if id(r) not in taken)
         return batch
 
     def _batch_started(self, batch: list[_Request[Req, Res]]) -> None:

@@ -189,6 +189,9 @@ class FasterWhisperStt:
             batch_wait_ms / 1000.0,
             max_partial_batch=max_speculative_batch,
             parallel=parallel,
+            # A safe re-decode (the full window) batches only with its kind,
+            # after the fast finals waiting: it never delays theirs.
+            rank=lambda utterance: int(utterance.careful),
         )
         self._partial_worker: BatchingWorker[Utterance, Transcription] | None = None
         if self._partial_model is not None:
