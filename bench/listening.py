@@ -172,7 +172,11 @@ async def spoken(
     return transcript, replied, (first - speech_end) * 1000 if first else None
 
 
-async def run(arm_urls: dict[str, str], utterances: list[Utterance]) -> list[Result]:
+async def run(
+    arm_urls: dict[str, str], utterances: list[Utterance], log: Path | None
+) -> list[Result]:
+    """Every turn; each also appended to ``log`` (JSON lines) as it ends, so
+    a run stopped early keeps what it measured."""
     results: list[Result] = []
     async with aiohttp.ClientSession() as http:
         for codec in CODECS:
@@ -184,9 +188,13 @@ async def run(arm_urls: dict[str, str], utterances: list[Utterance]) -> list[Res
             for index, utterance in enumerate(utterances):
                 for arm, client in clients.items():
                     transcript, replied, v2v = await spoken(client, utterance)
-                    results.append(
-                        Result(arm, codec, utterance.name, utterance.text, transcript, replied, v2v)
+                    result = Result(
+                        arm, codec, utterance.name, utterance.text, transcript, replied, v2v
                     )
+                    results.append(result)
+                    if log is not None:
+                        with log.open("a") as lines:
+                            lines.write(json.dumps(dataclasses.asdict(result)) + "\n")
                 print(f"  {codec} {index + 1}/{len(utterances)} {utterance.name}", flush=True)
             for client in clients.values():
                 await client.hangup(http)
@@ -254,9 +262,16 @@ async def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N utterances")
     parser.add_argument("--only", action="append", default=[], help="only this one (repeatable)")
     parser.add_argument("--client-nice", type=int, default=10)
-    parser.add_argument("--json", type=Path, help="also write every turn's result here")
+    parser.add_argument("--json", type=Path, help="also write each turn's result here (lines)")
+    parser.add_argument(
+        "--report", type=Path, help="only print the report of an earlier run's --json lines"
+    )
     parser.add_argument("--server-arg", action="append", default=[], help="for both servers")
     args = parser.parse_args()
+    if args.report:
+        lines = args.report.read_text().splitlines()
+        report([Result(**json.loads(line)) for line in lines if line.strip()])
+        return
     utterances = split_sets()[args.set]
     if args.only:
         utterances = [u for u in utterances if u.name in args.only]
@@ -273,11 +288,12 @@ async def main() -> None:
                 await wait_ready(http, url)
         os.nice(args.client_nice)
         started = time.monotonic()
-        results = await run({arm: url for arm, (_, url) in servers.items()}, utterances)
+        if args.json:
+            args.json.write_text("")
+        urls = {arm: url for arm, (_, url) in servers.items()}
+        results = await run(urls, utterances, args.json)
         print(f"\n{len(results)} turns in {time.monotonic() - started:.0f} s\n")
         report(results)
-        if args.json:
-            args.json.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     finally:
         for process, _ in servers.values():
             process.send_signal(signal.SIGINT)
