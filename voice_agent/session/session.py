@@ -409,8 +409,8 @@ class VoiceSession:
                 early = await spec.stt_task if spec is not None else None
                 if early is None and not event.audio.size:
                     return Heard("")  # a turn taken by hand in which the VAD heard no speech
-                if early is not None and early.settled:
-                    return early
+                if early is not None and early.settled:  # counted there, not decoded again
+                    return await self._hearing.final(event.audio, event.voiced_ms, early)
                 # No speculation, it was shed under load, or it is distrusted.
                 metrics.speculative = False
                 metrics.stt_start, metrics.stt_done = now(), None
