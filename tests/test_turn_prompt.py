@@ -25,6 +25,7 @@ from tests.scripted_llm import (
     scripted_llm_server,
 )
 from voice_agent.backends.base import SttBackend
+from voice_agent.backends.capabilities import Transcription
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 
@@ -45,6 +46,17 @@ class SheddingStt:
     async def transcribe_speculative(self, audio: np.ndarray) -> str | None:
         self.shed += 1
         return None
+
+    async def transcribe_detailed(
+        self, audio: np.ndarray, *, careful: bool = False, speculative: bool = False
+    ) -> Transcription | None:
+        if speculative:
+            self.shed += 1
+            return None
+        detailed: Transcription | None = await self._stt.transcribe_detailed(  # type: ignore[attr-defined]
+            audio, careful=careful
+        )
+        return detailed
 
 
 @pytest.fixture
