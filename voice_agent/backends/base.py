@@ -31,6 +31,21 @@ class VadBackend(Protocol):
     def new_stream(self) -> VadStream: ...
 
 
+class TurnBackend(Protocol):
+    """Says whether a caller has finished their turn. ``semantic`` False:
+    no model, the silence alone ends turns."""
+
+    name: str
+    semantic: bool
+
+    async def completion(self, audio: np.ndarray) -> float:
+        """Probability that the turn in ``audio`` (16 kHz mono int16, the
+        turn so far with the silence after it) is finished."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class SttBackend(Protocol):
     name: str
 

