@@ -53,6 +53,9 @@ def test_settings(**overrides: Any) -> Settings:
         "port": 0,
         "ice_host_addresses": LOOPBACK,
         "log_format": "text",
+        # Most tests time their speech against the fixed silence; those of
+        # semantic turns (the shipped default) ask for it.
+        "turn_detection": "silence",
     }
     values.update(overrides)
     return Settings(**values)

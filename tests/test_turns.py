@@ -12,6 +12,7 @@ from voice_agent.config import Settings
 from voice_agent.engine import turn_config
 from voice_agent.stages.turns import (
     FRAME_SAMPLES,
+    EndCandidate,
     Paused,
     Resumed,
     SpeechStarted,
@@ -128,3 +129,33 @@ def test_silence_setting_changes_the_end_of_turn_delay() -> None:
     long = next(e for e in run(audio, TurnConfig(turn_silence_ms=1200)) if isinstance(e, TurnEnded))
     assert short.silence_ms == 300 and long.silence_ms == 1200
     assert short.audio_end_ms == long.audio_end_ms
+
+
+def test_a_pause_is_offered_to_the_model_once_and_the_long_silence_still_ends_the_turn() -> None:
+    speech = with_pause(librivox("0870"), 0.8)
+    audio = np.concatenate((silence(0.5), speech, silence(2.5)))
+    config = TurnConfig(turn_silence_ms=2000, judge_ms=200)
+    events = run(audio, config)
+    candidates = [e for e in events if isinstance(e, EndCandidate)]
+    # The 0.8 s pause and the final silence, each offered once, at 200 ms.
+    assert len(candidates) >= 2 and all(c.silence_ms == 200 for c in candidates)
+    ended = [e for e in events if isinstance(e, TurnEnded)]
+    assert len(ended) == 1 and ended[0].silence_ms == 2000
+    # The offered audio is the turn so far with the silence heard.
+    assert len(candidates[-1].audio) > len(ended[0].audio)
+
+
+def test_end_after_silence_ends_this_turn_sooner_and_only_this_turn() -> None:
+    speech = librivox("0930")
+    detector = TurnDetector(TurnConfig(turn_silence_ms=2000, judge_ms=200))
+    vad = SpeechDetector(WebRtcVad(3))
+    audio = np.concatenate((speech, silence(1.0), speech, silence(2.5)))
+    ends: list[int] = []
+    for start in range(0, len(audio) - FRAME_SAMPLES + 1, FRAME_SAMPLES):
+        frame = audio[start : start + FRAME_SAMPLES]
+        for event in detector.push(frame, vad.probability(frame)):
+            if isinstance(event, EndCandidate) and not ends:
+                detector.end_after_silence(500)  # as when the model fails
+            if isinstance(event, TurnEnded):
+                ends.append(event.silence_ms)
+    assert ends == [500, 2000]

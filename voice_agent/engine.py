@@ -18,6 +18,7 @@ from voice_agent.backends.base import (
     LlmError,
     SttBackend,
     TtsBackend,
+    TurnBackend,
     VadBackend,
     synthesize,
 )
@@ -42,6 +43,7 @@ from voice_agent.cpu import (
     run_in_inference_thread,
     set_inference_nice,
 )
+from voice_agent.session.endpointing import EAGERNESS, SERVER_EAGERNESS, JudgeStats
 from voice_agent.session.hearing import HearingStats
 from voice_agent.session.prefill import PrefillGate
 from voice_agent.session.response import ReplySettings
@@ -96,6 +98,7 @@ class Engine:
         self.tools: ToolRegistry | None = None
         self.prefill_gate = PrefillGate()  # this process's sessions' words prefills
         self.hearing = HearingStats()  # this process's redecoded and unheard turns
+        self.end_of_turn = JudgeStats()  # this process's end-of-turn verdicts
 
     @property
     def voice_name(self) -> str:
@@ -156,8 +159,13 @@ class Engine:
             log.info("blas threads capped", extra={"threads": s.blas_threads, "libraries": capped})
         # Loading is blocking work: keep the event loop (and /healthz) responsive.
         vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
+        # Small (9 MB, ~50 ms a judgement): each process that holds calls has
+        # its own, shared by its sessions, as with the VAD.
+        turn: TurnBackend = await run_in_inference_thread(
+            registry.create, "turn", s.turn_backend, s
+        )
         if self.links is not None:
-            self.models = self._linked_models(vad, self.links)
+            self.models = self._linked_models(vad, turn, self.links)
             self._started = True
             log.info("worker engine ready", extra={"speech": self.links.speech_socket})
             return
@@ -165,7 +173,7 @@ class Engine:
         stt: SttBackend = await run_in_inference_thread(registry.create, "stt", s.stt, s)
         tts: TtsBackend = await run_in_inference_thread(registry.create, "tts", s.tts, s)
         llm = await self.start_llm()
-        self.models = Models(vad=vad, stt=stt, tts=tts, llm=llm)
+        self.models = Models(vad=vad, stt=stt, tts=tts, llm=llm, turn=turn)
         if s.preload:
             await self._warm_up()
         if self.llama is not None:
@@ -173,7 +181,7 @@ class Engine:
         self._started = True
         log.info("engine ready", extra={"seconds": round(time.perf_counter() - started, 2)})
 
-    def _linked_models(self, vad: VadBackend, links: SharedModelLinks) -> Models:
+    def _linked_models(self, vad: VadBackend, turn: TurnBackend, links: SharedModelLinks) -> Models:
         """A worker's models: its own VAD (per-frame, tiny), the rest shared."""
         s = self.settings
         self.llm_config = HttpLlmConfig(**links.llm)
@@ -192,6 +200,7 @@ class Engine:
                 links.tts_voices or (links.voice_name,),
             ),
             llm=llm,
+            turn=turn,
         )
 
     def links_for_workers(self, speech_socket: str) -> SharedModelLinks:
@@ -274,6 +283,8 @@ class Engine:
         assert self.models is not None
         if isinstance(self.models.stt, WarmsUp):  # not a remote one: it would be billed
             await self.models.stt.warm_up()
+        if isinstance(self.models.turn, WarmsUp):
+            await self.models.turn.warm_up()
         await synthesize(self.models.tts, "Hello.")
         if not self.llm_prefill:
             return  # a remote endpoint bills every request: it is warmed by real use
@@ -336,6 +347,10 @@ class Engine:
             stt_timeout_s=s.stt_timeout_s,
             hearing_stats=self.hearing,
             clarification=s.stt_clarification,
+            judge_ms=s.turn_judge_ms,
+            judge_timeout_s=s.turn_judge_timeout_ms / 1000.0,
+            judge_stats=self.end_of_turn,
+            semantic=EAGERNESS[SERVER_EAGERNESS] if s.turn_detection == "semantic" else None,
         )
 
     def _partial_interval_ms(self) -> int:
@@ -347,6 +362,8 @@ class Engine:
 
     async def stop(self) -> None:
         if self.models is not None:
+            if self.models.turn is not None:
+                self.models.turn.close()
             if isinstance(self.models.stt, ClosesAsync):
                 await self.models.stt.aclose()
             else:

@@ -32,6 +32,22 @@ TURN_LATENCY = Histogram(
     ["stage"],
     buckets=BUCKETS_S,
 )
+END_OF_TURN = Counter(
+    "voice_agent_end_of_turn",
+    "Answered turns by what ended them (model: its verdict; silence: the silence ran out) "
+    "and the end-of-turn model's last verdict (none: it did not judge).",
+    ["decision", "verdict"],
+)
+END_OF_TURN_INFERENCE = Histogram(
+    "voice_agent_end_of_turn_inference_seconds",
+    "End-of-turn model: asked to answered, queue included (answered turns' last verdict).",
+    buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0),
+)
+END_OF_TURN_PROBABILITY = Histogram(
+    "voice_agent_end_of_turn_probability",
+    "End-of-turn model: probability that the turn was complete (answered turns' last verdict).",
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+)
 ERRORS = Counter(
     "voice_agent_session_errors", "Errors told to callers (LLM, STT, TTS), by code.", ["code"]
 )
@@ -46,5 +62,18 @@ def observe(event: SessionEvent) -> None:
                 value = spans.get(key)
                 if value is not None:
                     TURN_LATENCY.labels(stage).observe(value / 1000.0)
+            _observe_end_of_turn(event.metrics.record())
     elif isinstance(event, SessionError):
         ERRORS.labels(event.code).inc()
+
+
+def _observe_end_of_turn(record: dict[str, float | str | None]) -> None:
+    END_OF_TURN.labels(
+        str(record["end_of_turn_decision"]), str(record["end_of_turn_verdict"] or "none")
+    ).inc()
+    inference = record["end_of_turn_inference_ms"]
+    if isinstance(inference, float | int):
+        END_OF_TURN_INFERENCE.observe(inference / 1000.0)
+    probability = record["end_of_turn_probability"]
+    if isinstance(probability, float | int):
+        END_OF_TURN_PROBABILITY.observe(probability)

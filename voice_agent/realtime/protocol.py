@@ -24,6 +24,7 @@ from voice_agent.realtime.session_config import (
     TurnSetting,
     parse_session_update,
 )
+from voice_agent.session.endpointing import SERVER_EAGERNESS
 from voice_agent.session.events import (
     AssistantAudioCleared,
     AssistantAudioStarted,
@@ -116,8 +117,9 @@ class RealtimeProtocol:
             "create_response": detection.create_response,
             "interrupt_response": detection.interrupt_response,
         }
-        if self._eagerness is not None:
-            return {"type": "semantic_vad", "eagerness": self._eagerness, **flags}
+        if self._eagerness is not None or detection.semantic is not None:
+            eagerness = self._eagerness or SERVER_EAGERNESS
+            return {"type": "semantic_vad", "eagerness": eagerness, **flags}
         return {
             "type": "server_vad",
             "threshold": detection.threshold,
@@ -508,7 +510,7 @@ class RealtimeProtocol:
         if event.metrics is None:
             return asked or None
         # Metadata values are strings in the Realtime schema.
-        metadata = {k: str(v) for k, v in event.metrics.spans().items() if v is not None}
+        metadata = {k: str(v) for k, v in event.metrics.record().items() if v is not None}
         metadata["speculative"] = str(event.metrics.speculative).lower()
         return {**metadata, **asked}
 

@@ -5,8 +5,11 @@ applied, so a refused update changes nothing.
 Names that stand for OpenAI's own models (``gpt-realtime``, ``whisper-1``,
 ``gpt-4o-mini-transcribe``...) are accepted as meaning this server's LLM and
 STT, so clients written for OpenAI work with their defaults; other names are
-refused. ``semantic_vad`` has no semantic model behind it here: its
-eagerness picks how long a silence ends the turn (``EAGERNESS_SILENCE_MS``).
+refused. ``semantic_vad`` is the end-of-turn model's (its eagerness sets the
+model's threshold and the longest silence, ``EAGERNESS``); where the server
+has no model, its eagerness picks how long a silence ends the turn
+(``EAGERNESS_SILENCE_MS``), which is also the silence that decides when the
+model cannot answer in time.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from voice_agent.realtime.params import (
     require_unset,
     unsupported,
 )
+from voice_agent.session.endpointing import EAGERNESS
 from voice_agent.session.input import TurnDetection
 
 JsonDict = dict[str, Any]
@@ -223,10 +227,11 @@ def parse_turn_detection(value: Any, where: str, defaults: TurnDetection) -> Tur
         return TurnSetting(None)
     given = object_at(value, where)
     kind = given.get("type", "server_vad")
-    flags = {
-        key: True if given.get(key) is None else parse_bool(given[key], f"{where}.{key}")
+    create, interrupt = (
+        True if given.get(key) is None else parse_bool(given[key], f"{where}.{key}")
         for key in ("create_response", "interrupt_response")
-    }
+    )
+    defaults = replace(defaults, create_response=create, interrupt_response=interrupt)
     if kind == "semantic_vad":
         check_keys(given, _SEMANTIC_VAD_KEYS, where)
         eagerness = given.get("eagerness") or "auto"
@@ -237,7 +242,8 @@ def parse_turn_detection(value: Any, where: str, defaults: TurnDetection) -> Tur
                 f"{where}.eagerness",
             )
         silence = EAGERNESS_SILENCE_MS[eagerness]
-        return TurnSetting(replace(defaults, silence_ms=silence, **flags), eagerness)
+        semantic = EAGERNESS[eagerness]
+        return TurnSetting(replace(defaults, silence_ms=silence, semantic=semantic), eagerness)
     if kind != "server_vad":
         raise ClientEventError(
             "invalid_value",
@@ -246,7 +252,7 @@ def parse_turn_detection(value: Any, where: str, defaults: TurnDetection) -> Tur
         )
     check_keys(given, _SERVER_VAD_KEYS, where)
     require_unset(given.get("idle_timeout_ms"), f"{where}.idle_timeout_ms", "no idle timeout here")
-    detection = replace(defaults, **flags)
+    detection = replace(defaults, semantic=None)
     if given.get("silence_duration_ms") is not None:
         silence = parse_int(given["silence_duration_ms"], f"{where}.silence_duration_ms", 100, 5000)
         detection = replace(detection, silence_ms=silence)

@@ -395,6 +395,7 @@ def stt_stats(engine: Engine, calls: CallRegistry) -> dict[str, object]:
     stt = engine.models.stt if engine.models is not None else None
     body: dict[str, object] = dict(stt.stats()) if isinstance(stt, ReportsStats) else {}
     body["hearing"] = engine.hearing.snapshot()
+    body["end_of_turn"] = engine.end_of_turn.snapshot()
     body["sessions"] = [{"session": c.session.id, **c.session.stt_stats()} for c in calls.calls()]
     return body
 

@@ -23,6 +23,16 @@ _TAIL_FRAMES = 5
 
 
 @dataclass(frozen=True)
+class SemanticTurn:
+    """An end-of-turn model judges each pause: at ``threshold`` or above
+    the turn ends at once; below it, the turn ends after ``cap_ms`` of
+    silence unless the caller goes on."""
+
+    threshold: float
+    cap_ms: int
+
+
+@dataclass(frozen=True)
 class TurnDetection:
     """Automatic turns. None in their place means turns are taken by hand."""
 
@@ -31,6 +41,9 @@ class TurnDetection:
     preroll_ms: int
     create_response: bool = True  # answer a turn when it ends
     interrupt_response: bool = True  # speech cancels the reply being given
+    # None: the silence alone ends turns. With a model, silence_ms is what
+    # ends a turn when the model cannot answer in time.
+    semantic: SemanticTurn | None = None
 
 
 class ManualTurnBuffer:

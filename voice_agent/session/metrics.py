@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 
 def now() -> float:
@@ -15,6 +16,19 @@ def _ms(later: float | None, earlier: float | None) -> float | None:
     if later is None or earlier is None:
         return None
     return round((later - earlier) * 1000.0, 1)
+
+
+Decision = Literal["complete", "incomplete", "late", "failed"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An end-of-turn model's judgement of one pause."""
+
+    decision: Decision
+    probability: float | None  # None: the model did not answer
+    inference_ms: float  # asked to answered (queue and batch included)
+    silence_ms: int  # the silence heard when the model was asked
 
 
 @dataclass
@@ -32,6 +46,28 @@ class TurnMetrics:
     tts_first_audio: float | None = None  # first piece synthesised and resampled
     first_frame_sent: float | None = None
     speculative: bool = False  # the reply was prepared before the turn ended
+    # The end-of-turn model's last verdict on this turn (None: the silence
+    # alone ended it, or no model judged it).
+    end_of_turn: Verdict | None = None
+
+    def record(self) -> dict[str, float | str | None]:
+        """The spans, and how the turn's end was decided."""
+        verdict = self.end_of_turn
+        return {
+            **self.spans(),
+            # "silence": the silence ran out (after an "incomplete" verdict,
+            # that is the cap; after none, the fixed silence).
+            "end_of_turn_decision": "model"
+            if verdict is not None and verdict.decision == "complete"
+            else "silence",
+            "end_of_turn_verdict": verdict.decision if verdict else None,
+            "end_of_turn_probability": (
+                round(verdict.probability, 3)
+                if verdict is not None and verdict.probability is not None
+                else None
+            ),
+            "end_of_turn_inference_ms": verdict.inference_ms if verdict else None,
+        }
 
     def spans(self) -> dict[str, float | None]:
         """Durations in milliseconds."""

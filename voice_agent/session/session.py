@@ -28,11 +28,13 @@ from voice_agent.backends.base import (
     ToolChoice,
     ToolSpec,
     TtsBackend,
+    TurnBackend,
     VadBackend,
 )
 from voice_agent.backends.capabilities import PartialTranscriber
 from voice_agent.backends.samples import Samples
 from voice_agent.session.conversation import Conversation
+from voice_agent.session.endpointing import EndOfTurnJudge, JudgeStats
 from voice_agent.session.events import (
     AssistantAudioCleared,
     SessionError,
@@ -45,8 +47,8 @@ from voice_agent.session.events import (
 )
 from voice_agent.session.hearing import Heard, Hearing, HearingStats
 from voice_agent.session.ids import new_id
-from voice_agent.session.input import ManualTurnBuffer, TurnDetection
-from voice_agent.session.metrics import TurnMetrics, now
+from voice_agent.session.input import ManualTurnBuffer, SemanticTurn, TurnDetection
+from voice_agent.session.metrics import TurnMetrics, Verdict, now
 from voice_agent.session.partials import PartialTranscripts
 from voice_agent.session.prefill import PrefillGate, RepliesWatched, SessionPrefills
 from voice_agent.session.response import AudioOutput, PieceTag, ReplySettings, Response
@@ -54,6 +56,7 @@ from voice_agent.session.tools import ToolRegistry
 from voice_agent.stages.turns import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
+    EndCandidate,
     Paused,
     Resumed,
     SpeechStarted,
@@ -74,6 +77,7 @@ class Models:
     stt: SttBackend
     tts: TtsBackend
     llm: LlmBackend
+    turn: TurnBackend | None = None  # the end-of-turn model; None: silence only
 
 
 @dataclass
@@ -98,6 +102,13 @@ class SessionConfig:
     hearing_stats: HearingStats | None = None
     # Said when the caller spoke but no words came out, even the safe way.
     clarification: str = "Sorry, I didn't catch that. Could you say it again?"
+    # Semantic turns: the pause the end-of-turn model judges, and how long
+    # its verdict may take before the fixed silence decides instead.
+    judge_ms: int = 200
+    judge_timeout_s: float = 0.4
+    judge_stats: JudgeStats | None = None
+    # The session's turn detection at start (None: the fixed silence).
+    semantic: SemanticTurn | None = None
 
 
 class SttTimeout(RuntimeError):
@@ -149,6 +160,12 @@ class VoiceSession:
         self._speech = SpeechDetector(models.vad, config.vad_floor_dbfs)
         self._detector = TurnDetector(config.turn)
         self._hearing = Hearing(models.stt, config.hearing_stats or HearingStats(), self.id)
+        self._judge: EndOfTurnJudge | None = None
+        if models.turn is not None and models.turn.semantic:
+            self._judge = EndOfTurnJudge(
+                models.turn, config.judge_stats or JudgeStats(), self.id, config.judge_timeout_s
+            )
+        self._verdict: Verdict | None = None  # the turn in progress's last
         self._pending = np.zeros(0, dtype=np.int16)
         self._item_id: str | None = None  # the user turn being spoken
         self._last_voiced_at: float | None = None
@@ -172,11 +189,12 @@ class VoiceSession:
         self._closed = False
         # The server is ending the call (say_goodbye): nothing starts another reply.
         self._ending = False
-        self._silence_ms = config.turn.turn_silence_ms
         turn = config.turn
         # None: push-to-talk, turns are taken by hand (commit_input).
-        self.turn_detection: TurnDetection | None = TurnDetection(
-            turn.turn_silence_ms, turn.threshold, turn.preroll_ms
+        self.turn_detection: TurnDetection | None = self._configure_detector(
+            TurnDetection(
+                turn.turn_silence_ms, turn.threshold, turn.preroll_ms, semantic=config.semantic
+            )
         )
         self._manual = ManualTurnBuffer(turn.max_turn_s)
         self.audio_output = True  # False: replies are text only
@@ -230,19 +248,50 @@ class VoiceSession:
                 self._item_id, self._detector.turn_ms, self._detector.turn_audio
             )
 
-    def _handle(self, event: SpeechStarted | Paused | Resumed | TurnEnded) -> None:
+    def _handle(self, event: SpeechStarted | Paused | EndCandidate | Resumed | TurnEnded) -> None:
         if isinstance(event, SpeechStarted):
+            self._verdict = None
             self._on_speech_started(event)
         elif isinstance(event, Paused):
             if self._partials is not None:
                 self._partials.pause()
             self._start_speculation(event)
+        elif isinstance(event, EndCandidate):
+            self._ask_judge(event)
         elif isinstance(event, Resumed):
+            if self._judge is not None:
+                self._judge.cancel()
             if self._partials is not None:
                 self._partials.resume()
             self._drop_speculation()
         else:
+            if self._judge is not None:
+                self._judge.cancel()
             self._on_turn_ended(event)
+
+    # -- semantic end of turn -------------------------------------------------------
+    def _ask_judge(self, event: EndCandidate) -> None:
+        detection = self.turn_detection
+        if self._judge is None or detection is None or detection.semantic is None:
+            return
+        generation = self._generation
+        self._judge.judge(event, detection.semantic, lambda v: self._judged(v, generation))
+
+    def _judged(self, verdict: Verdict, generation: int) -> None:
+        """The model's verdict on a pause the caller has not broken since."""
+        if self._closed or generation != self._generation or not self._detector.in_turn:
+            return
+        self._verdict = verdict
+        detection = self.turn_detection
+        if verdict.decision == "complete":
+            ended = self._detector.end_turn()
+            if ended is not None:
+                self._on_turn_ended(ended)
+        elif verdict.decision != "incomplete" and detection is not None:
+            # No verdict: the fixed silence ends this turn, as without a model.
+            ended = self._detector.end_after_silence(detection.silence_ms)
+            if ended is not None:
+                self._on_turn_ended(ended)
 
     def _on_speech_started(self, event: SpeechStarted) -> None:
         self._generation += 1
@@ -329,6 +378,8 @@ class VoiceSession:
             spec = None
         metrics = spec.metrics if spec is not None and spec.metrics else TurnMetrics()
         metrics.turn_end = now()
+        metrics.end_of_turn = self._verdict
+        self._verdict = None
         metrics.speech_end = (
             metrics.turn_end - event.silence_ms / 1000.0
             if self._last_voiced_at is None
@@ -554,7 +605,6 @@ class VoiceSession:
             for text, item_id in held:
                 self.conversation.add_user(text, item_id)
         self.prefill_next_turn()
-        spans = response.metrics.spans()
         log.info(
             "turn finished",
             extra={
@@ -562,7 +612,7 @@ class VoiceSession:
                 "response_id": response.response_id,
                 "status": response.status,
                 "speculative": response.metrics.speculative,
-                **spans,
+                **response.metrics.record(),
             },
         )
 
@@ -610,12 +660,23 @@ class VoiceSession:
         self.turn_detection = detection
         if (detection is not None) != automatic_before:
             self._abandon_turn()
-        if detection is None:
-            return
-        self._detector.set_silence_ms(detection.silence_ms)
-        self._silence_ms = detection.silence_ms
+        if detection is not None:
+            self.turn_detection = self._configure_detector(detection)
+
+    def _configure_detector(self, detection: TurnDetection) -> TurnDetection:
+        """Set the detector for these settings; semantic ones need a model
+        (without one, the fixed silence stands)."""
+        if detection.semantic is not None and self._judge is None:
+            detection = dataclasses.replace(detection, semantic=None)
+        semantic = detection.semantic
+        # With a model, the turn ends when it says so; the cap is the longest wait.
+        silence_ms = semantic.cap_ms if semantic is not None else detection.silence_ms
+        self._detector.set_silence_ms(silence_ms)
+        self._detector.set_judge_ms(self.config.judge_ms if semantic is not None else 0)
+        self._silence_ms = silence_ms
         self._detector.threshold = detection.threshold
         self._detector.set_preroll_ms(detection.preroll_ms)
+        return detection
 
     def commit_input(self) -> str | None:
         """End the user's turn now (push-to-talk, or ahead of the detector):
@@ -654,6 +715,9 @@ class VoiceSession:
         self._abandon_turn()
 
     def _abandon_turn(self) -> None:
+        if self._judge is not None:
+            self._judge.cancel()
+        self._verdict = None
         if self._partials is not None:
             self._partials.stop()
         self._detector.reset()
@@ -801,6 +865,8 @@ class VoiceSession:
         if self._closed:
             return
         self._closed = True
+        if self._judge is not None:
+            self._judge.cancel()
         self._drop_speculation()
         if self._partials is not None:
             self._partials.stop()

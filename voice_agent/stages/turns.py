@@ -5,6 +5,12 @@ Fed 20 ms frames of 16 kHz audio, it decides when the user starts speaking
 the moment to transcribe speculatively), when they resume, and when their turn
 ends (a long enough silence). Audio from just before the onset is kept so the
 first syllable, which VADs detect late, is not lost.
+
+With ``judge_ms`` set, a pause that lasts that long is offered to an
+end-of-turn model (``EndCandidate``): the session ends the turn at once
+(``end_turn``) when the model says the caller is done, and otherwise the
+long silence (the cap) ends it, or a shorter one if the model could not
+answer (``end_after_silence``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class TurnConfig:
     preroll_ms: int = 300
     max_turn_s: float = 30.0
     threshold: float = 0.5
+    judge_ms: int = 0  # 0: no EndCandidate; the silence alone ends turns
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,16 @@ class Paused:
 
 
 @dataclass(frozen=True)
+class EndCandidate:
+    """The user has been quiet for ``judge_ms``: is the turn over? ``audio``
+    is the turn so far, the silence heard included (an end-of-turn model
+    hears how the speech stopped)."""
+
+    audio: np.ndarray
+    silence_ms: int
+
+
+@dataclass(frozen=True)
 class Resumed:
     pass
 
@@ -58,7 +75,7 @@ class TurnEnded:
     voiced_ms: int = 0  # how much of the turn the VAD called speech
 
 
-TurnEvent = SpeechStarted | Paused | Resumed | TurnEnded
+TurnEvent = SpeechStarted | Paused | EndCandidate | Resumed | TurnEnded
 
 
 class TurnDetector:
@@ -68,6 +85,8 @@ class TurnDetector:
         self._start_frames = max(1, config.speech_start_ms // FRAME_MS)
         self._end_frames = max(1, config.turn_silence_ms // FRAME_MS)
         self._early_frames = max(1, min(config.early_ms, config.turn_silence_ms) // FRAME_MS)
+        self._judge_frames = config.judge_ms // FRAME_MS  # 0: never
+        self._turn_end_frames: int | None = None  # this turn only (end_after_silence)
         self._max_frames = int(config.max_turn_s * 1000 / FRAME_MS)
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, config.preroll_ms // FRAME_MS))
         self._recent: deque[bool] = deque(maxlen=self._start_frames)
@@ -97,6 +116,21 @@ class TurnDetector:
         self._end_frames = max(1, silence_ms // FRAME_MS)
         self._early_frames = max(1, min(self.config.early_ms, silence_ms) // FRAME_MS)
 
+    def set_judge_ms(self, judge_ms: int) -> None:
+        """Offer pauses this long to an end-of-turn model; 0: never."""
+        self._judge_frames = judge_ms // FRAME_MS
+
+    def end_after_silence(self, silence_ms: int) -> TurnEnded | None:
+        """End the turn in progress once its silence reaches ``silence_ms``,
+        whatever the set silence is: now (the turn returned) if it already
+        has, as when audio came faster than real time, else at that frame."""
+        if not self._in_turn:
+            return None
+        self._turn_end_frames = max(1, silence_ms // FRAME_MS)
+        if self._silent_frames >= self._turn_end_frames:
+            return self.end_turn()
+        return None
+
     def set_preroll_ms(self, preroll_ms: int) -> None:
         """Keep this much audio from before an onset (from the next turn on)."""
         kept = list(self._preroll)
@@ -123,6 +157,7 @@ class TurnDetector:
         self._in_turn = False
         self._paused = False
         self._silent_frames = 0
+        self._turn_end_frames = None
 
     def push(self, frame: np.ndarray, probability: float) -> list[TurnEvent]:
         """One 20 ms frame and its speech probability; returns what happened."""
@@ -143,6 +178,7 @@ class TurnDetector:
         if len(self._recent) < self._start_frames or sum(self._recent) < needed:
             return []
         self._in_turn = True
+        self._turn_end_frames = None
         self._voiced_frames = sum(self._recent)
         self._turn = list(self._preroll)
         self._preroll.clear()
@@ -174,7 +210,12 @@ class TurnDetector:
                     voiced_ms=self._voiced_frames * FRAME_MS,
                 )
             )
-        if self._silent_frames >= self._end_frames or len(self._turn) >= self._max_frames:
+        if self._judge_frames and self._silent_frames == self._judge_frames:
+            events.append(EndCandidate(np.concatenate(self._turn), self._silent_frames * FRAME_MS))
+        end_frames = self._end_frames
+        if self._turn_end_frames is not None:
+            end_frames = min(end_frames, self._turn_end_frames)
+        if self._silent_frames >= end_frames or len(self._turn) >= self._max_frames:
             events.append(
                 TurnEnded(
                     audio=self._voiced_audio(),
@@ -188,6 +229,7 @@ class TurnDetector:
             self._paused = False
             self._turn = []
             self._silent_frames = 0
+            self._turn_end_frames = None
         return events
 
     def _end_ms(self) -> int:

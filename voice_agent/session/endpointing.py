@@ -1,0 +1,109 @@
+"""Semantic end of turn: at each pause an end-of-turn model judges whether
+the caller is done, so a finished sentence is answered after a short pause
+and "my number is ... five five five" is not cut at the dots.
+
+A judgement that fails, or is not back within the timeout, is no judgement:
+the session falls back to the fixed silence for the rest of the turn (logged
+and counted), so a broken or overloaded model never leaves a turn stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from voice_agent.backends.base import TurnBackend
+from voice_agent.backends.samples import Samples
+from voice_agent.session.input import SemanticTurn
+from voice_agent.session.metrics import Decision, Verdict, now
+from voice_agent.stages.turns import EndCandidate
+
+log = logging.getLogger(__name__)
+
+# semantic_vad's eagerness, as OpenAI documents it: "low" lets the caller
+# take their time (a surer model verdict needed, the longest silence cap),
+# "high" ends turns soonest; "auto" is "medium".
+EAGERNESS: dict[str, SemanticTurn] = {
+    "low": SemanticTurn(threshold=0.7, cap_ms=3000),
+    "medium": SemanticTurn(threshold=0.5, cap_ms=2000),
+    "auto": SemanticTurn(threshold=0.5, cap_ms=2000),
+    "high": SemanticTurn(threshold=0.35, cap_ms=1200),
+}
+SERVER_EAGERNESS = "auto"  # semantic turns when the client has not chosen
+
+
+@dataclass
+class JudgeStats:
+    """Every session's judgements in this process (/v1/stats, /metrics)."""
+
+    decisions: Counter[str] = field(default_factory=Counter)
+    inference: Samples = field(default_factory=Samples)
+
+    def snapshot(self) -> dict[str, object]:
+        return {"decisions": dict(self.decisions), "inference": self.inference.summary_ms()}
+
+
+class EndOfTurnJudge:
+    """One session's judge: at most one judgement in flight, the latest pause's."""
+
+    def __init__(
+        self, model: TurnBackend, stats: JudgeStats, session_id: str, timeout_s: float
+    ) -> None:
+        self._model = model
+        self._stats = stats
+        self._session_id = session_id
+        self._timeout_s = timeout_s
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def semantic(self) -> bool:
+        return self._model.semantic
+
+    def judge(
+        self, candidate: EndCandidate, semantic: SemanticTurn, decided: Callable[[Verdict], None]
+    ) -> None:
+        """Ask about this pause; ``decided`` gets the verdict unless the
+        judgement is cancelled first (the caller spoke again)."""
+        self.cancel()
+        self._task = asyncio.create_task(
+            self._judged(candidate, semantic, decided), name=f"eot-{self._session_id}"
+        )
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _judged(
+        self, candidate: EndCandidate, semantic: SemanticTurn, decided: Callable[[Verdict], None]
+    ) -> None:
+        asked = now()
+        probability: float | None = None
+        decision: Decision
+        try:
+            probability = await asyncio.wait_for(
+                self._model.completion(candidate.audio), self._timeout_s
+            )
+        except TimeoutError:
+            decision = "late"
+        except Exception as exc:  # the silence decides instead
+            log.warning(
+                "end-of-turn model failed; the silence decides",
+                extra={"session": self._session_id, "error": repr(exc)},
+            )
+            decision = "failed"
+        else:
+            decision = "complete" if probability >= semantic.threshold else "incomplete"
+        inference_ms = round((now() - asked) * 1000.0, 1)
+        if decision == "late":
+            log.warning(
+                "end-of-turn model late; the silence decides",
+                extra={"session": self._session_id, "waited_ms": inference_ms},
+            )
+        self._stats.decisions[decision] += 1
+        self._stats.inference.add(inference_ms / 1000.0)
+        self._task = None
+        decided(Verdict(decision, probability, inference_ms, candidate.silence_ms))
