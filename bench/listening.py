@@ -224,6 +224,7 @@ async def main() -> None:
     )
     parser.add_argument("--set", choices=["measurement", "tuning"], default="measurement")
     parser.add_argument("--limit", type=int, default=0, help="only the first N utterances")
+    parser.add_argument("--skip", type=int, default=0, help="leave out the first N utterances")
     parser.add_argument("--only", action="append", default=[], help="only this one (repeatable)")
     parser.add_argument("--match", help="only utterances whose name matches this regex")
     parser.add_argument("--client-nice", type=int, default=10)
@@ -242,6 +243,7 @@ async def main() -> None:
         utterances = [u for u in utterances if u.name in args.only]
     if args.match:
         utterances = [u for u in utterances if re.search(args.match, u.name)]
+    utterances = utterances[args.skip :]
     if args.limit:
         utterances = utterances[: args.limit]
     print(f"{args.set} set: {len(utterances)} utterances", flush=True)
