@@ -60,7 +60,9 @@ MFA_TAKES = ["acoustic_corpus", "cold_corpus", "cold_corpus3"]
 MFA_LIBRISPEECH = "61-70968-0000"
 FILLERS = {"uh", "um", "hm", "mm", "ah", "er"}
 PAUSE_S = 0.35
-CONTRACTIONS = [
+# Both sides of the WER read these the same way: contractions spelled out,
+# and one spelling of words written several ways.
+SPELLED_OUT = [
     (r"\bwon't\b", "will not"),
     (r"\bcan't\b", "can not"),
     (r"n't\b", " not"),
@@ -69,6 +71,11 @@ CONTRACTIONS = [
     (r"'ve\b", " have"),
     (r"\bi'm\b", "i am"),
     (r"\b(it|that|there|here|what|he|she|who|where)'s\b", r"\1 is"),
+    # Spellings of one word.
+    (r"\ball right\b", "alright"),
+    (r"\bgonna\b", "going to"),
+    (r"\bwanna\b", "want to"),
+    (r"\bok\b", "okay"),
 ]
 
 
@@ -92,7 +99,7 @@ def normalised(text: str, hyphen: str = "") -> str:
     text = re.sub(r"\b(?:[a-z]\.){2,}", lambda m: m.group().replace(".", ""), text)
     text = re.sub(r"(?<=[a-z])-(?=[a-z])", hyphen, text)
     text = re.sub(r"\byknow\b", "you know", text)
-    for short, full in CONTRACTIONS:
+    for short, full in SPELLED_OUT:
         text = re.sub(short, full, text)
     return " ".join(w for w in words(text) if w not in FILLERS)
 
