@@ -113,3 +113,19 @@ def telephone_prompt(name: str) -> np.ndarray:
     wide: np.ndarray = soxr.resample(narrow, 8000, RATE).astype(np.int16)
     start, end = speech_bounds(wide)
     return wide[max(0, int((start - 0.3) * RATE)) : int((end + 0.1) * RATE)]
+
+
+def noise_burst(ms: int = 200, dbfs: float = -25.0, seed: int = 7) -> np.ndarray:
+    """A cough-like burst: pink noise in the voice band (200 Hz-4 kHz), a
+    10 ms attack and an 80 ms decay, ``dbfs`` RMS. WebRTC's VAD takes most
+    of it for speech, as it does a cough."""
+    count = RATE * ms // 1000
+    spectrum = np.fft.rfft(np.random.default_rng(seed).standard_normal(count))
+    freqs = np.fft.rfftfreq(count, 1 / RATE)
+    spectrum[1:] /= np.sqrt(freqs[1:])
+    spectrum[(freqs < 200) | (freqs > 4000)] = 0
+    noise = np.fft.irfft(spectrum, count)
+    ramp = np.arange(count)
+    noise *= np.minimum(1.0, ramp / (0.01 * RATE)) * np.exp(-ramp / (0.08 * RATE))
+    noise *= 32768 * 10 ** (dbfs / 20) / np.sqrt(np.mean(noise**2))
+    return np.clip(noise, -32768, 32767).astype(np.int16)

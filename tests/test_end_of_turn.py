@@ -17,7 +17,6 @@ import pytest
 
 from tests import conftest
 from tests.audio_data import librivox, silence, telephone_prompt
-from tests.realtime_events import appended_audio
 from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
@@ -30,7 +29,10 @@ from tests.scripted_llm import (
 from voice_agent.backends.turn_smart import SmartTurn, SmartTurnFeatures, packaged_weights
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
+from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.endpointing import EAGERNESS
+from voice_agent.session.events import UserTurnCommitted
+from voice_agent.session.session import VoiceSession
 
 RATE = 16_000
 # "Please try your | call again later.": the model hears the voice go on at
@@ -45,9 +47,11 @@ def hesitant(pause_s: float) -> np.ndarray:
     return np.concatenate((HESITANT[:HESITATION_AT], silence(pause_s), HESITANT[HESITATION_AT:]))
 
 
-@pytest.fixture(scope="module")
-def model() -> SmartTurn:
-    return SmartTurn(packaged_weights())
+@pytest.fixture
+async def model() -> AsyncIterator[SmartTurn]:
+    model = SmartTurn(packaged_weights())
+    yield model
+    model.close()
 
 
 def test_the_features_are_those_pipecat_computes_for_the_model() -> None:
@@ -70,10 +74,9 @@ async def test_a_finished_sentence_is_complete_and_a_hesitation_is_not(model: Sm
     finished = await model.completion(np.concatenate((FINISHED, pause)))
     unfinished = await model.completion(np.concatenate((HESITANT[:HESITATION_AT], pause)))
     assert finished > 0.8 > 0.2 > unfinished, (finished, unfinished)
-    model.close()
 
 
-async def test_judgements_from_many_sessions_share_the_one_model(model: SmartTurn) -> None:
+async def test_judgements_from_many_sessions_share_the_one_model() -> None:
     model = SmartTurn(packaged_weights(), max_batch=4)
     try:
         turns = [np.concatenate((FINISHED, silence(0.2)))] * 6
@@ -113,7 +116,8 @@ async def spoken_turns(
     audio: np.ndarray,
     update: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Speak ``audio`` into a new call; the events until the line is quiet."""
+    """Speak ``audio`` into a new call, in real time over its media track;
+    the events until the line is quiet."""
     client = RealtimeClient(server.url)
     await client.connect(http)
     created = await asyncio.wait_for(client.wait_for_type("session.created"), 10)
@@ -121,8 +125,7 @@ async def spoken_turns(
         mark = len(client.events)
         client.send({"type": "session.update", "session": update})
         await asyncio.wait_for(client.wait_for_type("session.updated", after=mark), 5)
-    for event in appended_audio(audio):
-        client.send(event)
+    await client.mic.play(audio, RATE)
     # The last turn is answered: wait for a reply done after its commit,
     # and a second more in case another turn was still being spoken.
     for _ in range(30):
@@ -254,3 +257,101 @@ async def test_four_callers_pausing_at_once_each_keep_their_one_turn(
         assert len(committed) == 1
         metadata = done["response"]["metadata"]
         assert metadata["end_of_turn_decision"] == "model", metadata
+
+
+class GatedTurnModel:
+    """An end-of-turn model whose verdicts the test releases, to put them
+    exactly where a race would (the session logic is what is tested)."""
+
+    name = "gated"
+    semantic = True
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.gate = asyncio.Event()
+        self.probability = 0.99
+
+    async def completion(self, audio: np.ndarray) -> float:
+        self.asked += 1
+        await self.gate.wait()
+        return self.probability
+
+    def close(self) -> None:
+        pass
+
+
+class Listener:
+    """A session with the gated model, fed audio by hand; its events kept."""
+
+    def __init__(self, engine: Engine) -> None:
+        assert engine.models is not None
+        self.model = GatedTurnModel()
+        self.events: list[Any] = []
+        config = replace(engine.session_config(), semantic=EAGERNESS["auto"])
+        self.session = VoiceSession(
+            replace(engine.models, turn=self.model), config, PacedAudioTrack(), self.events.append
+        )
+        # Turns only: no replies, so only the turn-taking is at work.
+        detection = self.session.turn_detection
+        assert detection is not None and detection.semantic is not None
+        self.session.set_turn_detection(replace(detection, create_response=False))
+
+    async def say(self, audio: np.ndarray) -> None:
+        self.session.push_audio(audio, from_track=False)
+        for _ in range(3):
+            await asyncio.sleep(0)  # a judgement asked for starts
+
+    def ended(self) -> list[UserTurnCommitted]:
+        return [e for e in self.events if isinstance(e, UserTurnCommitted)]
+
+    async def release(self) -> None:
+        self.model.gate.set()
+        for _ in range(5):
+            await asyncio.sleep(0)  # the verdict's task runs, and its callback
+
+
+@pytest.fixture
+async def listener(engine: Engine) -> AsyncIterator[Listener]:
+    listener = Listener(engine)
+    yield listener
+    await listener.session.close()
+
+
+async def test_a_verdict_on_a_pause_the_caller_broke_is_dropped(listener: Listener) -> None:
+    await listener.say(np.concatenate((FINISHED, silence(0.3))))
+    assert listener.model.asked == 1
+    await listener.say(FINISHED[: RATE // 2])  # speaking again before the verdict came
+    await listener.release()
+    assert listener.ended() == []  # "complete" was about the pause before
+    await listener.say(silence(0.3))  # the next pause: judged again, complete
+    await listener.release()
+    assert len(listener.ended()) == 1 and listener.model.asked == 2
+
+
+async def test_an_incomplete_verdict_leaves_the_turn_to_the_cap(listener: Listener) -> None:
+    listener.model.probability = 0.05
+    await listener.say(np.concatenate((FINISHED, silence(0.3))))
+    await listener.release()
+    await listener.say(silence(1.5))
+    assert listener.ended() == []  # 1.8 s of silence: still under the 2 s cap
+    await listener.say(silence(0.3))
+    assert len(listener.ended()) == 1
+
+
+async def test_a_verdict_for_settings_since_changed_is_dropped(listener: Listener) -> None:
+    await listener.say(np.concatenate((FINISHED, silence(0.3))))
+    detection = listener.session.turn_detection
+    assert detection is not None
+    listener.session.set_turn_detection(replace(detection, semantic=None))  # server_vad
+    await listener.release()
+    assert listener.ended() == []  # the model no longer decides
+    await listener.say(silence(0.3))  # the fixed 500 ms silence does
+    assert len(listener.ended()) == 1
+
+
+async def test_a_commit_while_the_model_judges_ends_the_turn_once(listener: Listener) -> None:
+    await listener.say(np.concatenate((FINISHED, silence(0.3))))
+    assert listener.session.commit_input() is not None
+    await listener.release()
+    await listener.say(silence(2.5))
+    assert len(listener.ended()) == 1

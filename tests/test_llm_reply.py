@@ -54,6 +54,12 @@ class Recorder:
     def flush(self) -> None:
         return None
 
+    def pause(self) -> None:
+        return None
+
+    def resume(self) -> None:
+        return None
+
     def peak(self) -> int:
         return max((int(np.abs(c).max()) for c in self.chunks if c.size), default=0)
 

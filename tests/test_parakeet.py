@@ -207,6 +207,12 @@ class _NoOutput:
     def flush(self) -> None:
         pass
 
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])
 async def test_transducer_models_give_one_text_per_utterance(kind: str, tmp_path: Path) -> None:

@@ -161,7 +161,8 @@ class Settings(BaseSettings):
         200,
         ge=60,
         le=2000,
-        description="Semantic turns: a pause this long is judged by the end-of-turn model.",
+        description="Semantic turns: a pause this long is judged by the end-of-turn model "
+        "(a pause must last this long before the cap ends it: keep it under the cap).",
     )
     turn_max_batch: int = Field(
         1,
@@ -174,8 +175,17 @@ class Settings(BaseSettings):
     turn_judge_timeout_ms: int = Field(
         400,
         ge=20,
-        description="Semantic turns: a judgement not back this soon counts as none, and "
-        "--turn-silence-ms ends the turn (a failing model falls back the same way).",
+        description="Semantic turns: a judgement not back this soon counts as none, and the "
+        "fixed silence ends the turn (--turn-silence-ms, or a semantic_vad session's eagerness "
+        "silence); a failing model falls back the same way.",
+    )
+    interrupt_min_ms: int = Field(
+        500,
+        ge=0,
+        le=5000,
+        description="Speech over a reply pauses it at once; this much speech, or words that "
+        "are not a backchannel (mm-hmm, yeah), cancels it, and a cough or an mm-hmm lets it "
+        "go on. 0: any speech onset cancels the reply.",
     )
     vad_floor_dbfs: float = Field(
         -50.0, le=0, description="Frames quieter than this are silence, whatever the VAD says."

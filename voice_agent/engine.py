@@ -86,9 +86,17 @@ class SharedModelLinks:
 
 
 class Engine:
-    def __init__(self, settings: Settings, links: SharedModelLinks | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        links: SharedModelLinks | None = None,
+        hosts_sessions: bool = True,
+    ) -> None:
+        """``hosts_sessions`` False: the models' process behind media workers
+        (which hold the calls, and their own end-of-turn model)."""
         self.settings = settings
         self.links = links
+        self.hosts_sessions = hosts_sessions
         self.models: Models | None = None
         self.llama: EmbeddedLlamaServer | None = None
         self.remote_llm: RemoteLlmProbe | None = None
@@ -161,11 +169,14 @@ class Engine:
         vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
         # Small (9 MB, ~50 ms a judgement): each process that holds calls has
         # its own, shared by its sessions, as with the VAD.
-        turn: TurnBackend = await run_in_inference_thread(
-            registry.create, "turn", s.turn_backend, s
-        )
+        turn: TurnBackend | None = None
+        if self.hosts_sessions:
+            turn = await asyncio.to_thread(registry.create, "turn", s.turn_backend, s)
         if self.links is not None:
+            assert turn is not None
             self.models = self._linked_models(vad, turn, self.links)
+            if s.preload and isinstance(turn, WarmsUp):
+                await turn.warm_up()
             self._started = True
             log.info("worker engine ready", extra={"speech": self.links.speech_socket})
             return
@@ -351,6 +362,7 @@ class Engine:
             judge_timeout_s=s.turn_judge_timeout_ms / 1000.0,
             judge_stats=self.end_of_turn,
             semantic=EAGERNESS[SERVER_EAGERNESS] if s.turn_detection == "semantic" else None,
+            interrupt_min_ms=s.interrupt_min_ms,
         )
 
     def _partial_interval_ms(self) -> int:

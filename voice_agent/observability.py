@@ -34,8 +34,9 @@ TURN_LATENCY = Histogram(
 )
 END_OF_TURN = Counter(
     "voice_agent_end_of_turn",
-    "Answered turns by what ended them (model: its verdict; silence: the silence ran out) "
-    "and the end-of-turn model's last verdict (none: it did not judge).",
+    "Answered turns by what ended them (model: its verdict; silence: the silence ran out; "
+    "commit: the client; barge_in: a short burst over a reply) and the end-of-turn "
+    "model's verdict on the last pause (none: it did not judge).",
     ["decision", "verdict"],
 )
 END_OF_TURN_INFERENCE = Histogram(
@@ -68,6 +69,8 @@ def observe(event: SessionEvent) -> None:
 
 
 def _observe_end_of_turn(record: dict[str, float | str | None]) -> None:
+    if record["end_of_turn_decision"] is None:
+        return  # not a spoken turn's reply
     END_OF_TURN.labels(
         str(record["end_of_turn_decision"]), str(record["end_of_turn_verdict"] or "none")
     ).inc()

@@ -162,9 +162,13 @@ class InferenceWorker:
     ``threads`` above 1 is for machines with cores to spare). A job cancelled
     while queued never starts."""
 
-    def __init__(self, name: str, threads: int = 1) -> None:
+    def __init__(self, name: str, threads: int = 1, lowered: bool = True) -> None:
+        """``lowered`` False: the thread keeps the process's priority (a
+        small job on every turn's critical path, not to wait behind STT)."""
         self._executor = ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix=name, initializer=lower_this_thread
+            max_workers=threads,
+            thread_name_prefix=name,
+            initializer=lower_this_thread if lowered else None,
         )
 
     async def run(self, func: Callable[..., T], *args: object) -> T:

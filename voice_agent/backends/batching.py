@@ -92,11 +92,13 @@ class BatchingWorker(Generic[Req, Res]):
         max_partial_batch: int = 2,
         parallel: int = 1,
         rank: Callable[[Req], int] = lambda item: 0,
+        lowered: bool = True,
     ) -> None:
         """``rank``: among waiting requests of one priority, a batch takes
         only those of the lowest rank (the rest wait for the next batch), so
         slow work (a safe re-decode) never rides in, nor holds up, a batch
-        of fast work."""
+        of fast work. ``lowered`` False keeps the thread at the process's
+        priority (InferenceWorker)."""
         if min(max_batch, max_queue, max_partial_batch, parallel) < 1 or max_wait_s < 0:
             raise ValueError(
                 "max_batch, max_partial_batch, max_queue and parallel must be >= 1, max_wait_s >= 0"
@@ -107,7 +109,7 @@ class BatchingWorker(Generic[Req, Res]):
         self.max_wait_s = max_wait_s
         self._run_batch = run_batch
         self._rank = rank
-        self._thread = InferenceWorker(name, parallel)
+        self._thread = InferenceWorker(name, parallel, lowered)
         self._free_threads = asyncio.Semaphore(parallel)
         self._finals: deque[_Request[Req, Res]] = deque()
         self._partials: deque[_Request[Req, Res]] = deque()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from faster_whisper.feature_extractor import FeatureExtractor
 
 from voice_agent.backends.batching import BatchingWorker
 from voice_agent.backends.onnx_options import quiet_session_options
-from voice_agent.backends.samples import Samples
+from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.config import Settings
 
 log = logging.getLogger(__name__)
@@ -47,7 +46,7 @@ INSTALL_HINT = (
 )
 
 
-class TurnWeightsUnavailable(RuntimeError):
+class TurnWeightsUnavailable(BackendUnavailable):
     """The Smart Turn weights are not installed; the message says how."""
 
 
@@ -111,16 +110,19 @@ class SmartTurn:
         )
         self._features = SmartTurnFeatures()
         self._worker: BatchingWorker[np.ndarray, float] = BatchingWorker(
-            "turn-batch", self._judge_batch, max_batch, batch_wait_ms / 1000.0
+            "turn-batch",
+            self._judge_batch,
+            max_batch,
+            batch_wait_ms / 1000.0,
+            # Not niced like the STT: ~50 ms that every turn's end waits on,
+            # which must not queue behind other callers' transcripts.
+            lowered=False,
         )
-        self.inference = Samples()  # one batch: features and model
         log.info("turn model loaded", extra={"path": str(path)})
 
     def _judge_batch(self, batch: list[np.ndarray]) -> list[float]:
-        started = time.perf_counter()
         features = np.stack([self._features(audio) for audio in batch])
         (probabilities,) = self._session.run(None, {"input_features": features})
-        self.inference.add(time.perf_counter() - started)
         return [float(p) for p in np.asarray(probabilities).reshape(-1)]
 
     async def completion(self, audio: np.ndarray) -> float:

@@ -137,6 +137,9 @@ class PacedAudioTrack(MediaStreamTrack):
         self._drained = asyncio.Event()
         self._drained.set()
         self._wake: asyncio.Future[bool] | None = None
+        # Paused: slots go out as silence and the queued audio waits (the
+        # caller may be interrupting; if not, the reply goes on from there).
+        self._paused = False
 
     def use_codec(self, mime_type: str) -> None:
         """Send in the negotiated codec (Opus unless the peer chose G.711).
@@ -202,6 +205,20 @@ class PacedAudioTrack(MediaStreamTrack):
         self._space.set()
         self._drained.set()
 
+    def pause(self) -> None:
+        """Send silence from the next slot on, keeping what is queued."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Send the queued audio again, from where it stopped."""
+        if self._paused:
+            self._paused = False
+            self._wake_pacer()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
     def position(self) -> int:
         """The stream's timestamp now, in samples: frame timestamps follow
         the wall clock from the first frame on (DTX gaps included)."""
@@ -224,22 +241,22 @@ class PacedAudioTrack(MediaStreamTrack):
         now = self._clock()
         if self._start is None:
             self._start = now
-        if self._dtx and not self._frames and self._silent_slots >= DTX_HANGOVER_FRAMES:
+        if self._dtx and not self._sendable() and self._silent_slots >= DTX_HANGOVER_FRAMES:
             now = await self._skip_silence(now)
         due = self._start + self._index * FRAME_MS / 1000.0 - self._ahead
         if self._lead_left > 0:
-            if self._frames and due > now:
+            if self._sendable() and due > now:
                 # Sent now, not in its slot: the frames after it leave that much earlier too.
                 self._ahead += due - now
                 due = now
                 self._lead_left -= 1
-            elif not self._frames:
+            elif not self._sendable():
                 self._lead_left = 0  # the reply's audio ran out: no lead to take later
         if due > now:
             # While idle, audio arriving mid-slot goes out at once and the
             # schedule re-anchors on it: speech starts up to a frame sooner,
             # and the receiver's jitter buffer absorbs the one-off shift.
-            woken_early = await self._sleep(due - now, interruptible=not self._frames)
+            woken_early = await self._sleep(due - now, interruptible=not self._sendable())
             now = self._clock()
             if woken_early:
                 self._start = now + self._ahead - self._index * FRAME_MS / 1000.0
@@ -252,7 +269,7 @@ class PacedAudioTrack(MediaStreamTrack):
             self._ahead = 0.0
             self.stats.resyncs += 1
 
-        if self._frames:
+        if self._sendable():
             samples, tag = self._frames.popleft()
             if len(self._frames) < self._capacity:
                 self._space.set()
@@ -270,6 +287,9 @@ class PacedAudioTrack(MediaStreamTrack):
         pts = self._index * FRAME_SAMPLES
         self._index += 1
         return samples, pts
+
+    def _sendable(self) -> bool:
+        return bool(self._frames) and not self._paused
 
     async def _skip_silence(self, now: float) -> float:
         """Nothing to send: sleep to the next keepalive slot, or until audio

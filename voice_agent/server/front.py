@@ -297,6 +297,14 @@ def merge_pacing(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def merge_end_of_turn(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The workers' end-of-turn verdicts, summed (their times stay per worker)."""
+    decisions: Counter[str] = Counter()
+    for part in parts:
+        decisions.update(part.get("decisions", {}))
+    return {"decisions": dict(decisions)}
+
+
 def merge_hearing(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The workers' redecoded and unheard turns, summed (sessions live there)."""
     merged: dict[str, Any] = {"redecoded": Counter(), "unheard": Counter(), "loops_cut": 0}
@@ -317,6 +325,9 @@ async def stats(request: web.Request) -> web.StreamResponse:
     stt_body: dict[str, Any] = dict(stt.stats()) if isinstance(stt, ReportsStats) else {}
     stt_body["sessions"] = [s for w in answered for s in w.get("stt", {}).get("sessions", [])]
     stt_body["hearing"] = merge_hearing([w.get("stt", {}).get("hearing", {}) for w in answered])
+    stt_body["end_of_turn"] = merge_end_of_turn(
+        [w.get("stt", {}).get("end_of_turn", {}) for w in answered]
+    )
     body = {
         **_capacity(pool),
         "calls_total": sum(w.get("calls_total", 0) for w in answered),
@@ -398,7 +409,7 @@ class FrontServer:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.engine = Engine(settings)
+        self.engine = Engine(settings, hosts_sessions=False)
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="voice-agent-"))  # mode 0700
         self.speech_socket = str(self._runtime_dir / "speech.sock")
         self.pool = WorkerPool(settings, self._runtime_dir, settings.workers)

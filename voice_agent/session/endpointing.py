@@ -37,7 +37,9 @@ SERVER_EAGERNESS = "auto"  # semantic turns when the client has not chosen
 
 @dataclass
 class JudgeStats:
-    """Every session's judgements in this process (/v1/stats, /metrics)."""
+    """Every session's judgements in this process (/v1/stats): verdicts by
+    decision, and the time answered ones took (asked to answered, queue
+    included; late and failed ones are left out)."""
 
     decisions: Counter[str] = field(default_factory=Counter)
     inference: Samples = field(default_factory=Samples)
@@ -104,6 +106,8 @@ class EndOfTurnJudge:
                 extra={"session": self._session_id, "waited_ms": inference_ms},
             )
         self._stats.decisions[decision] += 1
-        self._stats.inference.add(inference_ms / 1000.0)
-        self._task = None
+        if probability is not None:
+            self._stats.inference.add(inference_ms / 1000.0)
+        if self._task is asyncio.current_task():
+            self._task = None
         decided(Verdict(decision, probability, inference_ms, candidate.silence_ms))

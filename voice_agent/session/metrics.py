@@ -19,6 +19,10 @@ def _ms(later: float | None, earlier: float | None) -> float | None:
 
 
 Decision = Literal["complete", "incomplete", "late", "failed"]
+# What ended a user turn: the end-of-turn model's verdict, the silence (the
+# fixed one, or the cap after an "incomplete"), the client's commit, or a
+# short burst over a reply (ended at its first pause to decide at once).
+TurnEndCause = Literal["model", "silence", "commit", "barge_in"]
 
 
 @dataclass(frozen=True)
@@ -49,17 +53,14 @@ class TurnMetrics:
     # The end-of-turn model's last verdict on this turn (None: the silence
     # alone ended it, or no model judged it).
     end_of_turn: Verdict | None = None
+    ended_by: TurnEndCause | None = None  # None: no spoken turn (typed text, a greeting)
 
     def record(self) -> dict[str, float | str | None]:
         """The spans, and how the turn's end was decided."""
         verdict = self.end_of_turn
         return {
             **self.spans(),
-            # "silence": the silence ran out (after an "incomplete" verdict,
-            # that is the cap; after none, the fixed silence).
-            "end_of_turn_decision": "model"
-            if verdict is not None and verdict.decision == "complete"
-            else "silence",
+            "end_of_turn_decision": self.ended_by,
             "end_of_turn_verdict": verdict.decision if verdict else None,
             "end_of_turn_probability": (
                 round(verdict.probability, 3)

@@ -81,6 +81,14 @@ class AudioOutput(Protocol):
 
     def flush(self) -> None: ...
 
+    def pause(self) -> None:
+        """Play silence, keeping the queued audio (a caller may be interrupting)."""
+        ...
+
+    def resume(self) -> None:
+        """Play the queued audio again from where it stopped."""
+        ...
+
 
 @dataclass(frozen=True)
 class PieceTag:

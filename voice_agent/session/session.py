@@ -33,6 +33,7 @@ from voice_agent.backends.base import (
 )
 from voice_agent.backends.capabilities import PartialTranscriber
 from voice_agent.backends.samples import Samples
+from voice_agent.session.barge_in import BargeIn, is_backchannel
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.endpointing import EndOfTurnJudge, JudgeStats
 from voice_agent.session.events import (
@@ -48,7 +49,7 @@ from voice_agent.session.events import (
 from voice_agent.session.hearing import Heard, Hearing, HearingStats
 from voice_agent.session.ids import new_id
 from voice_agent.session.input import ManualTurnBuffer, SemanticTurn, TurnDetection
-from voice_agent.session.metrics import TurnMetrics, Verdict, now
+from voice_agent.session.metrics import TurnEndCause, TurnMetrics, Verdict, now
 from voice_agent.session.partials import PartialTranscripts
 from voice_agent.session.prefill import PrefillGate, RepliesWatched, SessionPrefills
 from voice_agent.session.response import AudioOutput, PieceTag, ReplySettings, Response
@@ -109,6 +110,9 @@ class SessionConfig:
     judge_stats: JudgeStats | None = None
     # The session's turn detection at start (None: the fixed silence).
     semantic: SemanticTurn | None = None
+    # Speech over a reply pauses it; this much of it (or words that are not
+    # a backchannel) cancels it. 0: any speech onset cancels at once.
+    interrupt_min_ms: int = 500
 
 
 class SttTimeout(RuntimeError):
@@ -166,6 +170,7 @@ class VoiceSession:
                 models.turn, config.judge_stats or JudgeStats(), self.id, config.judge_timeout_s
             )
         self._verdict: Verdict | None = None  # the turn in progress's last
+        self._barge_in = BargeIn(output, config.interrupt_min_ms, self.id)
         self._pending = np.zeros(0, dtype=np.int16)
         self._item_id: str | None = None  # the user turn being spoken
         self._last_voiced_at: float | None = None
@@ -235,11 +240,15 @@ class VoiceSession:
             voiced = probability >= self._detector.threshold
             if voiced:
                 self._last_voiced_at = now()
+                if self._judge is not None:
+                    self._judge.cancel()  # the pause it judged is over
             if detection is None:
                 self._manual.push(frame, voiced)
                 continue
             for event in self._detector.push(frame, probability):
                 self._handle(event)
+            if self._detector.in_turn and self._barge_in.heard_enough(self._detector.voiced_ms):
+                self._barge_in.confirm()  # long enough to be an interruption
         self._pending = data[full:]
         if detection is None:
             return
@@ -256,18 +265,23 @@ class VoiceSession:
             if self._partials is not None:
                 self._partials.pause()
             self._start_speculation(event)
+            if self._barge_in.holding(self._generation):
+                # A short burst over a paused reply: end it now, so the reply
+                # goes on soon if it was a cough (its words decide otherwise).
+                ended = self._detector.end_turn()
+                if ended is not None:
+                    self._on_turn_ended(ended, "barge_in")
         elif isinstance(event, EndCandidate):
             self._ask_judge(event)
         elif isinstance(event, Resumed):
-            if self._judge is not None:
-                self._judge.cancel()
+            self._verdict = None  # that pause's
             if self._partials is not None:
                 self._partials.resume()
             self._drop_speculation()
         else:
             if self._judge is not None:
                 self._judge.cancel()
-            self._on_turn_ended(event)
+            self._on_turn_ended(event, "silence")
 
     # -- semantic end of turn -------------------------------------------------------
     def _ask_judge(self, event: EndCandidate) -> None:
@@ -278,20 +292,29 @@ class VoiceSession:
         self._judge.judge(event, detection.semantic, lambda v: self._judged(v, generation))
 
     def _judged(self, verdict: Verdict, generation: int) -> None:
-        """The model's verdict on a pause the caller has not broken since."""
-        if self._closed or generation != self._generation or not self._detector.in_turn:
+        """The model's verdict, applied only to the pause it judged: not
+        once the caller has spoken again, the turn has ended, or the
+        session no longer takes semantic turns."""
+        detection = self.turn_detection
+        if (
+            self._closed
+            or generation != self._generation
+            or not self._detector.in_turn
+            or self._detector.silence_ms < verdict.silence_ms
+            or detection is None
+            or detection.semantic is None
+        ):
             return
         self._verdict = verdict
-        detection = self.turn_detection
         if verdict.decision == "complete":
             ended = self._detector.end_turn()
             if ended is not None:
-                self._on_turn_ended(ended)
-        elif verdict.decision != "incomplete" and detection is not None:
+                self._on_turn_ended(ended, "model")
+        elif verdict.decision != "incomplete":
             # No verdict: the fixed silence ends this turn, as without a model.
             ended = self._detector.end_after_silence(detection.silence_ms)
             if ended is not None:
-                self._on_turn_ended(ended)
+                self._on_turn_ended(ended, "silence")
 
     def _on_speech_started(self, event: SpeechStarted) -> None:
         self._generation += 1
@@ -301,7 +324,10 @@ class VoiceSession:
         # being prepared for their previous turn).
         if self._interrupts() and self._replying():
             assert self._response is not None
-            self._response.cancel("turn_detected")
+            if self.turn_detection is None or not self._barge_in.hold(
+                self._response, self._generation
+            ):
+                self._response.cancel("turn_detected")
         self._drop_speculation()
 
     def _replying(self) -> bool:
@@ -364,7 +390,7 @@ class VoiceSession:
             spec.response.cancel("superseded")
 
     # -- end of turn --------------------------------------------------------------
-    def _on_turn_ended(self, event: TurnEnded) -> None:
+    def _on_turn_ended(self, event: TurnEnded, ended_by: TurnEndCause) -> None:
         if self._partials is not None:
             self._partials.stop()  # no delta may follow the completed transcript
         item_id = self._item_id or new_id("item")
@@ -379,6 +405,7 @@ class VoiceSession:
         metrics = spec.metrics if spec is not None and spec.metrics else TurnMetrics()
         metrics.turn_end = now()
         metrics.end_of_turn = self._verdict
+        metrics.ended_by = ended_by
         self._verdict = None
         metrics.speech_end = (
             metrics.turn_end - event.silence_ms / 1000.0
@@ -424,6 +451,15 @@ class VoiceSession:
             return
         if metrics.stt_start is not None and metrics.stt_done is not None:
             self.stt_latency.add(metrics.stt_done - metrics.stt_start)
+        if self._barge_in.holding(generation):
+            if heard.unheard is not None or is_backchannel(heard.text):
+                # A cough or an "mm-hmm" over the reply: it goes on, unanswered.
+                self._emit(UserTranscript(item_id, heard.text))
+                if spec is not None and spec.response is not None:
+                    spec.response.cancel("superseded")
+                self._barge_in.release("backchannel" if heard.text.strip() else "no words")
+                return
+            self._barge_in.confirm()
         if heard.unheard is not None:
             self._turn_unheard(item_id, heard.unheard, spec, metrics, generation)
             return
@@ -500,6 +536,8 @@ class VoiceSession:
     ) -> None:
         """Say so, to the client and out loud: silence would leave the
         caller waiting for an answer that never comes."""
+        if self._barge_in.holding(generation):
+            self._barge_in.confirm()  # no words to tell: the caller spoke, they have the turn
         code = "stt_timeout" if isinstance(exc, SttTimeout) else "stt_error"
         log.warning(
             "transcription failed",
@@ -600,6 +638,7 @@ class VoiceSession:
         self._prefills.words(words, self.conversation.messages_for(words), self.tools)
 
     def _on_response_finished(self, response: Response) -> None:
+        self._barge_in.finished(response)
         if response is self._response:
             held, self._held_texts = self._held_texts, []
             for text, item_id in held:
@@ -668,6 +707,8 @@ class VoiceSession:
         (without one, the fixed silence stands)."""
         if detection.semantic is not None and self._judge is None:
             detection = dataclasses.replace(detection, semantic=None)
+        if self._judge is not None:
+            self._judge.cancel()  # judged for the settings before
         semantic = detection.semantic
         # With a model, the turn ends when it says so; the cap is the longest wait.
         silence_ms = semantic.cap_ms if semantic is not None else detection.silence_ms
@@ -686,10 +727,12 @@ class VoiceSession:
             return None
         if self.turn_detection is not None:
             item_id = self._item_id
+            if self._judge is not None:
+                self._judge.cancel()
             ended = self._detector.end_turn()
             if ended is None or item_id is None:
                 return None
-            self._on_turn_ended(ended)
+            self._on_turn_ended(ended, "commit")
             return item_id
         audio = self._manual.take()
         if audio is None:
@@ -704,7 +747,7 @@ class VoiceSession:
             silence_ms=0,
             voiced_ms=self._manual.taken_voiced_ms,
         )
-        metrics = TurnMetrics()
+        metrics = TurnMetrics(ended_by="commit")
         metrics.turn_end = metrics.speech_end = now()
         self._start_turn(event, item_id, None, metrics, self._generation)
         return item_id
@@ -715,6 +758,7 @@ class VoiceSession:
         self._abandon_turn()
 
     def _abandon_turn(self) -> None:
+        self._barge_in.release("turn abandoned")  # nothing will decide it now
         if self._judge is not None:
             self._judge.cancel()
         self._verdict = None

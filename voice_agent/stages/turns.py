@@ -108,6 +108,16 @@ class TurnDetector:
         """Length of the turn in progress so far (0 outside a turn)."""
         return len(self._turn) * FRAME_MS if self._in_turn else 0
 
+    @property
+    def silence_ms(self) -> int:
+        """The silence since the turn in progress was last voiced."""
+        return self._silent_frames * FRAME_MS if self._in_turn else 0
+
+    @property
+    def voiced_ms(self) -> int:
+        """How much of the turn in progress the VAD called speech (0 outside one)."""
+        return self._voiced_frames * FRAME_MS if self._in_turn else 0
+
     def turn_audio(self) -> np.ndarray:
         """The turn in progress so far, pre-roll included."""
         return np.concatenate(self._turn) if self._turn else np.zeros(0, dtype=np.int16)

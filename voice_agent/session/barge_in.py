@@ -1,0 +1,102 @@
+"""Barge-in that a cough or an "mm-hmm" does not set off.
+
+When the caller starts to speak over a reply, the reply is paused at once
+(the agent falls quiet within a frame of the onset, as if cut), not
+cancelled. It is cancelled when the speech proves to be an interruption:
+``min_voiced_ms`` of it, or words that are not a backchannel once the short
+turn is transcribed ("stop", "wait"). A burst that ends first with no words
+(a cough, a click, a breath) or with only a backchannel ("mm-hmm", "yeah")
+is not an interruption: the reply goes on from where it paused, and that
+burst is not answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from voice_agent.session.response import AudioOutput, Response
+
+log = logging.getLogger(__name__)
+
+# Said to show one is listening, not to take the turn (English).
+BACKCHANNEL_WORDS = frozenset(
+    {"mm", "mmm", "mhm", "mm-hmm", "mmhmm", "hm", "hmm", "uh-huh", "uh", "huh", "um", "yeah",
+     "yes", "yep", "yup", "ok", "okay", "right", "sure", "ah", "oh", "aha", "alright", "cool"}
+)  # fmt: skip
+BACKCHANNEL_PHRASES = ("i see", "got it")
+
+
+def is_backchannel(text: str) -> bool:
+    """Words that only say "go on" (or no words at all)."""
+    said = " ".join(re.sub(r"[^a-z' -]", " ", text.lower()).split())
+    for phrase in BACKCHANNEL_PHRASES:
+        said = re.sub(rf"\b{phrase}\b", " ", said)
+    return all(word.strip("-'") in BACKCHANNEL_WORDS for word in said.split())
+
+
+@dataclass
+class _Held:
+    response: Response
+    generation: int  # the user turn that paused it
+
+
+class BargeIn:
+    """One session's paused reply, if any, and the rule that decides it."""
+
+    def __init__(self, output: AudioOutput, min_voiced_ms: int, session_id: str) -> None:
+        self._output = output
+        self.min_voiced_ms = min_voiced_ms  # 0: any speech onset cancels at once
+        self._session_id = session_id
+        self._held: _Held | None = None
+        self.resumed = 0  # bursts that were not interruptions
+        self.confirmed = 0  # paused replies the caller did interrupt
+
+    def hold(self, response: Response, generation: int) -> bool:
+        """Speech began over ``response``: pause it (True), or, with no
+        minimum, leave the caller to cancel it now (False)."""
+        if self.min_voiced_ms <= 0:
+            return False
+        if self._held is None:
+            self._output.pause()
+            self._held = _Held(response, generation)
+        else:
+            self._held.generation = generation  # another burst over the same reply
+        return True
+
+    def holding(self, generation: int | None = None) -> bool:
+        held = self._held
+        return held is not None and (generation is None or held.generation == generation)
+
+    def heard_enough(self, voiced_ms: int) -> bool:
+        """Whether this much speech makes an interruption, words or not."""
+        return self._held is not None and voiced_ms >= self.min_voiced_ms
+
+    def confirm(self) -> None:
+        """It was an interruption: the reply is cancelled, as if cut at the onset."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        self.confirmed += 1
+        held.response.cancel("turn_detected")  # flushes what was queued
+        self._output.resume()
+
+    def finished(self, response: Response) -> None:
+        """``response`` ended some other way (cancelled by the client, a new
+        reply): nothing is held any more, and the output plays again."""
+        if self._held is not None and self._held.response is response:
+            self._held = None
+            self._output.resume()
+
+    def release(self, why: str) -> None:
+        """Not an interruption: the reply goes on from where it paused."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        self.resumed += 1
+        log.info(
+            "not an interruption; the reply goes on",
+            extra={"session": self._session_id, "why": why},
+        )
+        self._output.resume()
