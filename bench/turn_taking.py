@@ -1,0 +1,305 @@
+"""Turn-taking as a caller hears it, for semantic end of turn and for the
+fixed silence in the same run: real recorded speech spoken in real time
+into real WebRTC calls, to two servers side by side (their own processes),
+each item to one and then the other, so noise on this host hits both.
+
+- Hesitant turns: a telephone prompt of the measurement set cut at the
+  widest gap between its words in its middle, with a pause of 0.5, 1.0 or
+  1.5 s put there ("Please enter the number ... to be blacklisted").
+  Counted: turns the agent talked over (its reply began before the caller
+  finished) and turns split in two (two user turns committed).
+- Finished sentences: whole prompts. Counted: client-measured voice-to-
+  voice (end of the speech sent to the first sound received), p50 and p95.
+- Coughs over a reply: a 200 ms cough-like burst at -25 dBFS, 0.8 s into a
+  reply. Counted: replies cancelled by it (false barge-ins).
+- Interruptions over a reply: a whole prompt, 0.8 s into a reply. Counted:
+  the time from the onset of the caller's speech to the reply's last sound
+  received, and interruptions that did not stop it.
+
+The prompts are Asterisk's (bench/speech_sets.py, measurement set), never
+a test's. The clients run in this process at --client-nice (default 10).
+
+    .venv/bin/python bench/turn_taking.py               # one caller
+    .venv/bin/python bench/turn_taking.py --calls 5     # five at once
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.latency import pct, table  # noqa: E402
+from bench.serving import start_server, wait_ready  # noqa: E402
+from bench.speech_sets import split_sets  # noqa: E402
+from tests.audio_data import _levels_db, noise_burst, silence, speech_bounds, words  # noqa: E402
+from voice_agent.client import RealtimeClient  # noqa: E402
+from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+
+RATE = 16_000
+ARMS = {"semantic": ["--turn-detection", "semantic"], "silence": ["--turn-detection", "silence"]}
+PAUSES_S = (0.5, 1.0, 1.5)
+QUIET_S = 3.0  # after the speech: longer than the semantic cap, for a late reply
+LONG_REPLY = "Count slowly from one to thirty, one number a sentence."
+
+
+@dataclass
+class Tally:
+    hesitant: dict[float, list[tuple[bool, bool]]] = field(default_factory=dict)  # over, split
+    v2v_ms: list[float] = field(default_factory=list)
+    unanswered: int = 0
+    coughs: list[bool] = field(default_factory=list)  # the reply was cancelled
+    stops_ms: list[float] = field(default_factory=list)
+    not_stopped: int = 0
+
+
+def widest_middle_gap(audio: np.ndarray) -> int | None:
+    """Sample index of the start of the widest quiet gap (10 ms windows
+    under -35 dB) between 30 % and 70 % of the speech, if one is 40 ms+."""
+    levels = _levels_db(audio)
+    start, end = speech_bounds(audio)
+    lo, hi = int(start * 100 + (end - start) * 30), int(start * 100 + (end - start) * 70)
+    best, best_len, run = None, 0, 0
+    for index in range(lo, hi):
+        run = run + 1 if levels[index] < -35.0 else 0
+        if run > best_len:
+            best, best_len = index - run + 1, run
+    return best * RATE // 100 if best is not None and best_len >= 4 else None
+
+
+def material(limit: int) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list[np.ndarray]]:
+    """(name, first part, rest) of the hesitant prompts, and finished ones."""
+    prompts = [u for u in split_sets()["measurement"] if "/" not in u.name and u.name[:3] != "mfa"]
+    prompts = [u for u in prompts if not u.name.startswith("libri") and len(words(u.text)) >= 5]
+    hesitant = []
+    for prompt in prompts:
+        gap = widest_middle_gap(prompt.audio)
+        if gap is not None and "." not in prompt.text.strip()[:-1]:
+            hesitant.append((prompt.name, prompt.audio[:gap], prompt.audio[gap:]))
+    return hesitant[:limit], [p.audio for p in prompts[-limit:]]
+
+
+async def quiet(client: RealtimeClient) -> None:
+    """Cut any reply and let the line settle before the next item."""
+    client.send({"type": "response.cancel"})
+    await asyncio.sleep(1.0)
+
+
+async def hesitant_turn(
+    client: RealtimeClient, first: np.ndarray, rest: np.ndarray, pause: float
+) -> tuple[bool, bool]:
+    mark = len(client.events)
+    speech_end = await client.mic.play(np.concatenate((first, silence(pause), rest)), RATE)
+    await asyncio.sleep(QUIET_S)
+    events = client.events[mark:]
+    started = [e for e in events if e["type"] == "output_audio_buffer.started"]
+    first_sound = client.received.first_sound_after(speech_end - len(rest) / RATE - pause)
+    over = bool(started) and first_sound is not None and first_sound < speech_end
+    split = sum(e["type"] == "input_audio_buffer.committed" for e in events) >= 2
+    await quiet(client)
+    return over, split
+
+
+async def finished_turn(client: RealtimeClient, audio: np.ndarray) -> float | None:
+    speech_end = await client.mic.play(audio, RATE)
+    await asyncio.sleep(QUIET_S)
+    first = client.received.first_sound_after(speech_end)
+    await quiet(client)
+    return None if first is None else (first - speech_end) * 1000
+
+
+async def over_a_reply(client: RealtimeClient, burst: np.ndarray) -> tuple[dict[str, Any], float]:
+    """Speak ``burst`` 0.8 s into a long reply; the reply's response and
+    the time the burst's speech began (monotonic)."""
+    mark = len(client.events)
+    client.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": LONG_REPLY}],
+            },
+        }
+    )
+    client.send({"type": "response.create"})
+    started = await asyncio.wait_for(
+        client.wait_for_type("output_audio_buffer.started", after=mark), 30
+    )
+    done = client.wait_for(
+        lambda e: e["type"] == "response.done" and e["response"]["id"] == started["response_id"],
+        after=mark,
+    )
+    await asyncio.sleep(0.8)
+    lead = silence(0.1)
+    onset = await client.mic.play(lead, RATE) + speech_bounds(burst)[0]
+    client.mic.play(np.concatenate((burst, silence(1.0))), RATE)
+    response = (await asyncio.wait_for(done, 60))["response"]
+    await asyncio.sleep(1.0)
+    return response, onset
+
+
+def last_sound_after(client: RealtimeClient, onset: float) -> float | None:
+    """When the reply last sounded after ``onset`` (before 100 ms of quiet)."""
+    received = client.received
+    last = None
+    for samples, arrived in zip(received.chunks, received.arrivals, strict=True):
+        if arrived < onset:
+            continue
+        if samples.size and int(np.abs(samples).max()) > 500:
+            if last is not None and arrived - last > 0.1:
+                break
+            last = arrived
+    return last
+
+
+async def caller(
+    index: int,
+    urls: dict[str, str],
+    http: aiohttp.ClientSession,
+    hesitant: list[tuple[str, np.ndarray, np.ndarray]],
+    finished: list[np.ndarray],
+    coughs: int,
+    tallies: dict[str, Tally],
+) -> None:
+    clients = {}
+    for arm, url in urls.items():
+        clients[arm] = RealtimeClient(url)
+        await clients[arm].connect(http)
+        await asyncio.wait_for(clients[arm].wait_for_type("session.created"), 20)
+    turn_of = hesitant[index % len(hesitant) :] + hesitant[: index % len(hesitant)]
+    for number, (_, first, rest) in enumerate(turn_of):
+        pause = PAUSES_S[(number + index) % len(PAUSES_S)]
+        for arm, client in clients.items():
+            result = await hesitant_turn(client, first, rest, pause)
+            tallies[arm].hesitant.setdefault(pause, []).append(result)
+    for audio in finished:
+        for arm, client in clients.items():
+            v2v = await finished_turn(client, audio)
+            if v2v is None:
+                tallies[arm].unanswered += 1
+            else:
+                tallies[arm].v2v_ms.append(v2v)
+    for number in range(coughs):
+        for arm, client in clients.items():
+            response, _ = await over_a_reply(client, noise_burst(200, -25.0, seed=number))
+            tallies[arm].coughs.append(response["status"] == "cancelled")
+            await quiet(client)
+        for arm, client in clients.items():
+            interruption = finished[number % len(finished)]
+            _, onset = await over_a_reply(client, interruption)
+            last = last_sound_after(client, onset)
+            if last is None or last - onset > len(interruption) / RATE:
+                tallies[arm].not_stopped += 1
+            else:
+                tallies[arm].stops_ms.append(max(0.0, last - onset) * 1000)
+            await quiet(client)
+    for client in clients.values():
+        await client.hangup(http)
+
+
+def report(tallies: dict[str, Tally]) -> None:
+    rows: list[list[Any]] = []
+    for arm, tally in tallies.items():
+        for pause in PAUSES_S:
+            results = tally.hesitant.get(pause, [])
+            over = sum(o for o, _ in results)
+            split = sum(s for _, s in results)
+            rows.append(
+                [
+                    arm,
+                    f"{pause:.1f} s",
+                    len(results),
+                    f"{over}/{len(results)}",
+                    f"{split}/{len(results)}",
+                ]
+            )
+    print(table(rows, ["arm", "pause", "hesitant turns", "talked over", "split in two"]))
+    rows = []
+    for arm, tally in tallies.items():
+        stops = tally.stops_ms
+        rows.append(
+            [
+                arm,
+                len(tally.v2v_ms),
+                f"{pct(tally.v2v_ms, 50):.0f}" if tally.v2v_ms else "-",
+                f"{pct(tally.v2v_ms, 95):.0f}" if tally.v2v_ms else "-",
+                tally.unanswered,
+                f"{sum(tally.coughs)}/{len(tally.coughs)}",
+                f"{pct(stops, 50):.0f}" if stops else "-",
+                f"{max(stops):.0f}" if stops else "-",
+                tally.not_stopped,
+            ]
+        )
+    header = [
+        "arm",
+        "finished",
+        "v2v p50",
+        "p95",
+        "no reply",
+        "cough cancels",
+        "stop p50",
+        "max",
+        "not stopped",
+    ]
+    print()
+    print(table(rows, header))
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=1, help="simultaneous callers")
+    parser.add_argument("--items", type=int, default=12, help="hesitant and finished prompts each")
+    parser.add_argument(
+        "--coughs", type=int, default=4, help="coughs (and interruptions) per caller"
+    )
+    parser.add_argument("--client-nice", type=int, default=10)
+    parser.add_argument("--server-arg", action="append", default=[], help="for both servers")
+    args = parser.parse_args()
+    hesitant, finished = material(args.items)
+    print(
+        f"{len(hesitant)} hesitant prompts, {len(finished)} finished, {args.calls} caller(s)",
+        flush=True,
+    )
+    restrict_host_addresses(["127.0.0.1"])
+    servers: dict[str, tuple[Any, str]] = {}
+    try:
+        for arm, flags in ARMS.items():
+            servers[arm] = await start_server(*flags, *args.server_arg)
+        async with aiohttp.ClientSession() as http:
+            for _, url in servers.values():
+                await wait_ready(http, url)
+            os.nice(args.client_nice)
+            urls = {arm: url for arm, (_, url) in servers.items()}
+            tallies = {arm: Tally() for arm in ARMS}
+            started = time.monotonic()
+            await asyncio.gather(
+                *(
+                    caller(i, urls, http, hesitant, finished, args.coughs, tallies)
+                    for i in range(args.calls)
+                )
+            )
+        print(f"\n{time.monotonic() - started:.0f} s\n")
+        report(tallies)
+    finally:
+        for process, _ in servers.values():
+            process.send_signal(signal.SIGINT)
+            await process.wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
