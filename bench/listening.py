@@ -11,10 +11,12 @@ Both servers run side by side (their own processes); each utterance is
 spoken to one, then to the other, so noise on this host hits both arms. The
 clients run in this process at --client-nice (default 10). Per arm and
 codec it prints WER (both sides normalised alike: digits as words, no
-fillers), turns
-with no reply, unheard turns (transcription failed: the caller was asked to
-repeat), empty and truncated transcripts and client-measured voice-to-voice,
-and lists every utterance that failed.
+fillers; an utterance the agent took as two turns is scored on their
+transcripts joined), utterances with no reply, unheard ones (transcription
+failed: the caller was asked to repeat), empty and truncated transcripts,
+utterances split into two turns or more (the end of turn taken at a pause
+inside), and client-measured voice-to-voice, and lists every utterance that
+failed.
 
     .venv/bin/python bench/listening.py                 # the measurement set
     .venv/bin/python bench/listening.py --limit 30      # its first 30
@@ -52,6 +54,8 @@ from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
 CODECS = ["audio/opus", "audio/PCMU"]
 ARMS = {"default": [], "full window": ["--stt-window", "full"]}
 TURN_TIMEOUT_S = 30
+TRANSCRIBED = "conversation.item.input_audio_transcription.completed"
+UNHEARD = "conversation.item.input_audio_transcription.failed"
 
 
 @dataclass
@@ -65,34 +69,56 @@ class Result:
     v2v_ms: float | None = None
     # Why no reply came: the reply's status and reason, or "timeout".
     outcome: str | None = None
+    turns: int = 1  # user turns the utterance made (2+: the agent took a pause for its end)
 
 
 async def spoken(
     client: RealtimeClient, utterance: Utterance
-) -> tuple[str | None, bool, float | None, str | None]:
-    """One turn: the transcript (None if it failed), whether a reply came,
-    and the client's voice-to-voice; the reply is cut once its first sound
-    has arrived, so the next turn starts at once."""
+) -> tuple[str | None, bool, float | None, str | None, int]:
+    """One utterance: its transcript (its turns' joined; None if one failed
+    and none had words), whether the last turn got a reply, the client's
+    voice-to-voice, why no reply came, and how many user turns it made.
+    The reply is cut once its first sound has arrived, so the next
+    utterance starts at once."""
     mark = len(client.events)
-    kinds = (
-        "conversation.item.input_audio_transcription.completed",
-        "conversation.item.input_audio_transcription.failed",
-    )
-    heard = client.wait_for(lambda e: e.get("type") in kinds, after=mark)
-    sounding = client.wait_for(
-        lambda e: e.get("type") in ("output_audio_buffer.started", "response.done"), after=mark
-    )
     speech_end = await client.mic.play(utterance.audio, 16000)
-    client.mic.play(silence(1.5), 16000)
-    event = await asyncio.wait_for(heard, TURN_TIMEOUT_S)
-    transcript = event.get("transcript") if event["type"] == kinds[0] else None
+    client.mic.play(silence(2.5), 16000)  # longer than the semantic cap
+
+    def count(kind: str) -> int:
+        return sum(e.get("type") == kind for e in client.events[mark:])
+
+    def settled() -> bool:
+        """Every turn it made has ended and has its transcript."""
+        started = count("input_audio_buffer.speech_started")
+        heard = count(TRANSCRIBED) + count(UNHEARD)
+        return 0 < started <= count("input_audio_buffer.speech_stopped") and heard >= count(
+            "input_audio_buffer.committed"
+        )
+
+    try:
+        while not settled():
+            await asyncio.wait_for(
+                client.wait_for(lambda e: True, after=len(client.events)), TURN_TIMEOUT_S
+            )
+    except TimeoutError:
+        return None, False, None, "timeout", count("input_audio_buffer.committed")
+    turns = count("input_audio_buffer.committed")
+    texts = [e.get("transcript", "") for e in client.events[mark:] if e["type"] == TRANSCRIBED]
+    transcript = " ".join(t.strip() for t in texts) if texts else None
+    last_turn = max(
+        i for i, e in enumerate(client.events) if e["type"] == "input_audio_buffer.committed"
+    )
+    sounding = client.wait_for(
+        lambda e: e.get("type") in ("output_audio_buffer.started", "response.done"),
+        after=last_turn,
+    )
     try:
         started = await asyncio.wait_for(sounding, TURN_TIMEOUT_S)
     except TimeoutError:
-        return transcript, False, None, "timeout"
+        return transcript, False, None, "timeout", turns
     if started["type"] == "output_audio_buffer.started":
         # Long enough for the first sound to arrive, then the rest is cut.
-        done = client.wait_for(lambda e: e.get("type") == "response.done", after=mark)
+        done = client.wait_for(lambda e: e.get("type") == "response.done", after=last_turn)
         await asyncio.sleep(0.5)
         client.send({"type": "response.cancel"})
         await asyncio.wait_for(done, TURN_TIMEOUT_S)
@@ -104,7 +130,8 @@ async def spoken(
         response = started.get("response", {})
         details = response.get("status_details") or {}
         outcome = f"{response.get('status')}/{details.get('reason')}"
-    return transcript, replied, (first - speech_end) * 1000 if first else None, outcome
+    v2v = (first - speech_end) * 1000 if first else None
+    return transcript, replied, v2v, outcome, turns
 
 
 async def run(
@@ -122,9 +149,10 @@ async def run(
                 await asyncio.wait_for(clients[arm].wait_for_type("session.created"), 10)
             for index, utterance in enumerate(utterances):
                 for arm, client in clients.items():
-                    transcript, replied, v2v, outcome = await spoken(client, utterance)
+                    transcript, replied, v2v, outcome, turns = await spoken(client, utterance)
                     result = Result(arm, codec, utterance.name, utterance.text, transcript)
                     result.replied, result.v2v_ms, result.outcome = replied, v2v, outcome
+                    result.turns = turns
                     results.append(result)
                     if log is not None:
                         with log.open("a") as lines:
@@ -173,6 +201,7 @@ def report(results: list[Result]) -> None:
                     sum(r.transcript is None for r in mine),
                     sum(not (r.transcript or "").strip() for r in mine),
                     sum(truncated(r) for r in mine),
+                    sum(r.turns > 1 for r in mine),
                     f"{pct(v2v, 50):.0f}" if v2v else "-",
                     f"{pct(v2v, 95):.0f}" if v2v else "-",
                 ]
@@ -186,6 +215,7 @@ def report(results: list[Result]) -> None:
         "unheard",
         "empty",
         "truncated",
+        "split",
         "v2v p50",
         "p95",
     ]
