@@ -90,10 +90,10 @@ async def spoken(
     def settled() -> bool:
         """Every turn it made has ended and has its transcript."""
         started = count("input_audio_buffer.speech_started")
+        stopped = count("input_audio_buffer.speech_stopped")
+        committed = count("input_audio_buffer.committed")  # sent just after its stop
         heard = count(TRANSCRIBED) + count(UNHEARD)
-        return 0 < started <= count("input_audio_buffer.speech_stopped") and heard >= count(
-            "input_audio_buffer.committed"
-        )
+        return 0 < started <= stopped <= committed <= heard
 
     try:
         while not settled():
