@@ -101,7 +101,22 @@ def normalised(text: str, hyphen: str = "") -> str:
     text = re.sub(r"\byknow\b", "you know", text)
     for short, full in SPELLED_OUT:
         text = re.sub(short, full, text)
-    return " ".join(w for w in words(text) if w not in FILLERS)
+    kept = [w for w in words(text) if w not in FILLERS]
+    # Letters spelled out are the acronym: "M I S D N" is "misdn".
+    out: list[str] = []
+    run: list[str] = []
+    for word in [*kept, ""]:
+        if len(word) == 1:
+            run.append(word)
+            continue
+        if len(run) >= 2 and set(run) - {"a", "i"}:
+            out.append("".join(run))
+        else:
+            out.extend(run)
+        run = []
+        if word:
+            out.append(word)
+    return " ".join(out)
 
 
 def _fetch_asterisk() -> Path:
