@@ -7,7 +7,10 @@ cancelled. It is cancelled when the speech proves to be an interruption:
 turn is transcribed ("stop", "wait"). A burst that ends first with no words
 (a cough, a click, a breath) or with only a backchannel ("mm-hmm", "yeah")
 is not an interruption: the reply goes on from where it paused, and that
-burst is not answered.
+burst is not answered. The burst's first pause is when it is first judged:
+its speculative transcript there, if it has no words but a backchannel's,
+ends that turn at once so the reply resumes soon; if it has words, the
+reply is cancelled and the caller's turn goes on whole.
 """
 
 from __future__ import annotations

@@ -265,12 +265,6 @@ class VoiceSession:
             if self._partials is not None:
                 self._partials.pause()
             self._start_speculation(event)
-            if self._barge_in.holding(self._generation):
-                # A short burst over a paused reply: end it now, so the reply
-                # goes on soon if it was a cough (its words decide otherwise).
-                ended = self._detector.end_turn()
-                if ended is not None:
-                    self._on_turn_ended(ended, "barge_in")
         elif isinstance(event, EndCandidate):
             self._ask_judge(event)
         elif isinstance(event, Resumed):
@@ -369,9 +363,23 @@ class VoiceSession:
         spec.metrics.stt_done = now()
         if self._speculation is not spec or gen != self._generation or self._closed:
             return
+        if self._barge_in.holding(gen) and self._decide_barge_in(heard):
+            return
         # A transcript the checks distrust is decoded again before it is answered.
         if heard.settled and heard.text and self._answers_turns():
             spec.response = self._new_response(heard.text, spec.metrics)
+
+    def _decide_barge_in(self, heard: Heard) -> bool:
+        """Speech over a paused reply has paused: its words so far decide.
+        None, or a backchannel: end that turn now (True), so the reply goes
+        on soon (a cough, an "mm-hmm"). Words: the caller has the turn."""
+        if is_backchannel(heard.text):
+            ended = self._detector.end_turn()
+            if ended is not None:
+                self._on_turn_ended(ended, "barge_in")
+            return True
+        self._barge_in.confirm()
+        return False
 
     def _drop_speculation(self) -> None:
         spec, self._speculation = self._speculation, None
