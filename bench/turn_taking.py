@@ -63,6 +63,7 @@ class Tally:
     coughs: list[bool] = field(default_factory=list)  # the reply was cancelled
     stops_ms: list[float] = field(default_factory=list)
     not_stopped: int = 0
+    no_long_reply: int = 0  # the reply to talk over never started (30 s)
 
 
 def widest_middle_gap(audio: np.ndarray) -> int | None:
@@ -194,12 +195,20 @@ async def caller(
                 tallies[arm].v2v_ms.append(v2v)
     for number in range(coughs):
         for arm, client in clients.items():
-            response, _ = await over_a_reply(client, noise_burst(200, -25.0, seed=number))
+            try:
+                response, _ = await over_a_reply(client, noise_burst(200, -25.0, seed=number))
+            except TimeoutError:
+                tallies[arm].no_long_reply += 1
+                continue
             tallies[arm].coughs.append(response["status"] == "cancelled")
             await quiet(client)
         for arm, client in clients.items():
             interruption = finished[number % len(finished)]
-            _, onset = await over_a_reply(client, interruption)
+            try:
+                _, onset = await over_a_reply(client, interruption)
+            except TimeoutError:
+                tallies[arm].no_long_reply += 1
+                continue
             last = last_sound_after(client, onset)
             if last is None or last - onset > len(interruption) / RATE:
                 tallies[arm].not_stopped += 1
