@@ -32,12 +32,10 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -45,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.latency import pct, table  # noqa: E402
-from bench.serving import start_server, wait_ready  # noqa: E402
+from bench.serving import servers_side_by_side  # noqa: E402
 from bench.speech_sets import Utterance, normalised, source, split_sets  # noqa: E402
 from tests.audio_data import silence, word_error_rate, words  # noqa: E402
 from voice_agent.client import RealtimeClient  # noqa: E402
@@ -278,25 +276,14 @@ async def main() -> None:
         utterances = utterances[: args.limit]
     print(f"{args.set} set: {len(utterances)} utterances", flush=True)
     restrict_host_addresses(["127.0.0.1"])
-    servers: dict[str, tuple[Any, str]] = {}
-    try:
-        for arm, flags in ARMS.items():
-            servers[arm] = await start_server(*flags, *args.server_arg)
-        async with aiohttp.ClientSession() as http:
-            for _, url in servers.values():
-                await wait_ready(http, url)
+    async with servers_side_by_side(ARMS, *args.server_arg) as urls:
         os.nice(args.client_nice)
         started = time.monotonic()
         if args.json:
             args.json.write_text("")
-        urls = {arm: url for arm, (_, url) in servers.items()}
         results = await run(urls, utterances, args.json)
         print(f"\n{len(results)} turns in {time.monotonic() - started:.0f} s\n")
         report(results)
-    finally:
-        for process, _ in servers.values():
-            process.send_signal(signal.SIGINT)
-            await process.wait()
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@ wait until it is ready."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import aiohttp
 
@@ -40,3 +43,23 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 1
             except aiohttp.ClientConnectionError:
                 pass
             await asyncio.sleep(0.25)  # the server is booting: not on any media path
+
+
+@contextlib.asynccontextmanager
+async def servers_side_by_side(
+    arms: Mapping[str, Sequence[str]], *shared_flags: str
+) -> AsyncIterator[dict[str, str]]:
+    """One server process per arm (its flags, then ``shared_flags``), all
+    ready; their URLs by arm. Every one is stopped on the way out."""
+    servers: dict[str, tuple[asyncio.subprocess.Process, str]] = {}
+    try:
+        for arm, flags in arms.items():
+            servers[arm] = await start_server(*flags, *shared_flags)
+        async with aiohttp.ClientSession() as http:
+            for _, url in servers.values():
+                await wait_ready(http, url)
+        yield {arm: url for arm, (_, url) in servers.items()}
+    finally:
+        for process, _ in servers.values():
+            process.send_signal(signal.SIGINT)
+            await process.wait()

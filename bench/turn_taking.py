@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.latency import pct, table  # noqa: E402
-from bench.serving import start_server, wait_ready  # noqa: E402
+from bench.serving import servers_side_by_side  # noqa: E402
 from bench.speech_sets import split_sets  # noqa: E402
 from tests.audio_data import _levels_db, noise_burst, silence, speech_bounds, words  # noqa: E402
 from voice_agent.client import RealtimeClient  # noqa: E402
@@ -285,29 +284,21 @@ async def main() -> None:
         flush=True,
     )
     restrict_host_addresses(["127.0.0.1"])
-    servers: dict[str, tuple[Any, str]] = {}
-    try:
-        for arm, flags in ARMS.items():
-            servers[arm] = await start_server(*flags, *args.server_arg)
-        async with aiohttp.ClientSession() as http:
-            for _, url in servers.values():
-                await wait_ready(http, url)
-            os.nice(args.client_nice)
-            urls = {arm: url for arm, (_, url) in servers.items()}
-            tallies = {arm: Tally() for arm in ARMS}
-            started = time.monotonic()
-            await asyncio.gather(
-                *(
-                    caller(i, urls, http, hesitant, finished, args.coughs, tallies)
-                    for i in range(args.calls)
-                )
+    async with (
+        servers_side_by_side(ARMS, *args.server_arg) as urls,
+        aiohttp.ClientSession() as http,
+    ):
+        os.nice(args.client_nice)
+        tallies = {arm: Tally() for arm in ARMS}
+        started = time.monotonic()
+        await asyncio.gather(
+            *(
+                caller(i, urls, http, hesitant, finished, args.coughs, tallies)
+                for i in range(args.calls)
             )
-        print(f"\n{time.monotonic() - started:.0f} s\n")
-        report(tallies)
-    finally:
-        for process, _ in servers.values():
-            process.send_signal(signal.SIGINT)
-            await process.wait()
+        )
+    print(f"\n{time.monotonic() - started:.0f} s\n")
+    report(tallies)
 
 
 if __name__ == "__main__":
