@@ -17,6 +17,7 @@ import pytest
 
 from tests import conftest
 from tests.audio_data import librivox, silence, telephone_prompt
+from tests.scripted_call import peer
 from tests.scripted_llm import (
     Script,
     ScriptedLlmServer,
@@ -24,7 +25,6 @@ from tests.scripted_llm import (
     close_quietly,
     engine_with_llm,
     make_llm,
-    scripted_llm_server,
 )
 from voice_agent.backends.turn_smart import SmartTurn, SmartTurnFeatures, packaged_weights
 from voice_agent.client import RealtimeClient
@@ -34,6 +34,7 @@ from voice_agent.session.endpointing import EAGERNESS
 from voice_agent.session.events import UserTurnCommitted
 from voice_agent.session.session import VoiceSession
 
+__all__ = ["peer"]  # the fixture
 RATE = 16_000
 # "Please try your | call again later.": the model hears the voice go on at
 # the bar (judged incomplete, p ~0.04 here) and stop at the full stop.
@@ -88,12 +89,6 @@ async def test_judgements_from_many_sessions_share_the_one_model() -> None:
         assert stats["batches"] < 12  # those that arrived together ran together
     finally:
         model.close()
-
-
-@pytest.fixture
-async def peer() -> AsyncIterator[ScriptedLlmServer]:
-    async with scripted_llm_server() as server:
-        yield server
 
 
 @pytest.fixture
