@@ -30,7 +30,7 @@ from voice_agent.backends.turn_smart import SmartTurn, SmartTurnFeatures, packag
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.rtc.outbound import PacedAudioTrack
-from voice_agent.session.endpointing import EAGERNESS
+from voice_agent.session.endpointing import EAGERNESS, words_unfinished
 from voice_agent.session.events import UserTurnCommitted
 from voice_agent.session.session import VoiceSession
 
@@ -41,6 +41,10 @@ RATE = 16_000
 HESITANT = telephone_prompt("please-try-call-later")
 HESITATION_AT = int(0.84 * RATE)
 FINISHED = telephone_prompt("check-number-dial-again")
+# "Please enter the number to be | blacklisted": a clause the model may
+# hear as finished, whose words are not.
+DANGLING = telephone_prompt("enter-num-blacklist")
+DANGLING_AT = int(1.28 * RATE)
 
 
 def hesitant(pause_s: float) -> np.ndarray:
@@ -254,6 +258,61 @@ async def test_four_callers_pausing_at_once_each_keep_their_one_turn(
         assert metadata["end_of_turn_decision"] == "model", metadata
 
 
+class SureTurnModel:
+    """An end-of-turn model that hears every pause as the end of the turn."""
+
+    name = "sure"
+    semantic = True
+
+    async def completion(self, audio: np.ndarray) -> float:
+        return 0.99
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_words_that_leave_a_sentence_unfinished() -> None:
+    for said in ("My number is", "Please try your.", "I'd like to, um", "Send it to the...", "It would be",
+                 "Well,", "Two tickets for"):  # fmt: skip
+        assert words_unfinished(said), said
+    for said in ("", "Call me back later.", "What is it?", "Come in.", "Thank you", "Is it?",
+                 "That's all there is to it"):  # fmt: skip
+        assert not words_unfinished(said), said
+
+
+async def test_a_complete_verdict_on_a_dangling_word_is_overruled_in_a_real_call(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    """A model sure of every pause, and "Please enter the number to be ...
+    blacklisted": the early transcript of the pause ("... to be") keeps the
+    turn open, so the caller is not talked over."""
+    llm = make_llm("chat-completions", peer.base_url)
+    scripted = engine_with_llm(engine, llm, llm_prefill=False, turn_detection="semantic")
+    assert scripted.models is not None
+    scripted.models = replace(scripted.models, turn=SureTurnModel())
+    for _ in range(3):
+        peer.add(Script(chat_text("Yes.")))
+    try:
+        async with conftest.run_server(conftest.test_settings(), scripted) as server:
+            audio = (DANGLING[:DANGLING_AT], silence(1.0), DANGLING[DANGLING_AT:], silence(1.5))
+            events = await spoken_turns(server, http, np.concatenate(audio))
+    finally:
+        await close_quietly(llm)
+    transcripts = [
+        e["transcript"]
+        for e in events
+        if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    assert len(transcripts) == 1 and "black" in transcripts[0].lower(), [
+        {k: v for k, v in e["response"]["metadata"].items() if "end_of_turn" in k}
+        for e in events
+        if e["type"] == "response.done"
+    ]
+    (done,) = [e for e in events if e["type"] == "response.done"]
+    metadata = done["response"]["metadata"]
+    assert metadata["end_of_turn_decision"] == "model", metadata  # at the true end
+
+
 class GatedTurnModel:
     """An end-of-turn model whose verdicts the test releases, to put them
     exactly where a race would (the session logic is what is tested)."""
@@ -282,9 +341,10 @@ class Listener:
         assert engine.models is not None
         self.model = GatedTurnModel()
         self.events: list[Any] = []
+        self._ended = asyncio.Event()
         config = replace(engine.session_config(), semantic=EAGERNESS["auto"])
         self.session = VoiceSession(
-            replace(engine.models, turn=self.model), config, PacedAudioTrack(), self.events.append
+            replace(engine.models, turn=self.model), config, PacedAudioTrack(), self._on_event
         )
         # Turns only: no replies, so only the turn-taking is at work.
         detection = self.session.turn_detection
@@ -296,8 +356,29 @@ class Listener:
         for _ in range(3):
             await asyncio.sleep(0)  # a judgement asked for starts
 
+    def _on_event(self, event: Any) -> None:
+        self.events.append(event)
+        if isinstance(event, UserTurnCommitted):
+            self._ended.set()
+
     def ended(self) -> list[UserTurnCommitted]:
         return [e for e in self.events if isinstance(e, UserTurnCommitted)]
+
+    async def until_ended(self, count: int) -> None:
+        """A "complete" ends the turn once the pause's words are in (real
+        STT, wall-clock time): wait for them, 10 s at most."""
+        async with asyncio.timeout(10):
+            while len(self.ended()) < count:
+                self._ended.clear()
+                await self._ended.wait()
+
+    async def words_heard(self) -> None:
+        """The pause's early transcript is in, and its callbacks have run."""
+        speculation = self.session._speculation
+        assert speculation is not None
+        await asyncio.wait_for(asyncio.shield(speculation.stt_task), 10)
+        for _ in range(3):
+            await asyncio.sleep(0)
 
     async def release(self) -> None:
         self.model.gate.set()
@@ -320,7 +401,27 @@ async def test_a_verdict_on_a_pause_the_caller_broke_is_dropped(listener: Listen
     assert listener.ended() == []  # "complete" was about the pause before
     await listener.say(silence(0.3))  # the next pause: judged again, complete
     await listener.release()
+    await listener.until_ended(1)
     assert len(listener.ended()) == 1 and listener.model.asked == 2
+
+
+async def test_a_complete_verdict_waits_for_the_words_and_they_can_overrule_it(
+    engine: Engine, listener: Listener
+) -> None:
+    overruled = engine.end_of_turn.decisions["unfinished"]
+    # "Please enter the number to be": the model is sure it is over; the words are not.
+    await listener.say(np.concatenate((DANGLING[:DANGLING_AT], silence(0.3))))
+    await listener.release()
+    await listener.words_heard()
+    assert listener.ended() == []
+    assert engine.end_of_turn.decisions["unfinished"] == overruled + 1
+    await listener.say(silence(1.5))
+    assert listener.ended() == []  # 1.8 s: under the 2 s cap
+    await listener.say(silence(0.3))
+    assert len(listener.ended()) == 1
+    # A finished sentence: the same verdict ends the turn once its words are in.
+    await listener.say(np.concatenate((FINISHED, silence(0.3))))
+    await listener.until_ended(2)
 
 
 async def test_an_incomplete_verdict_leaves_the_turn_to_the_cap(listener: Listener) -> None:

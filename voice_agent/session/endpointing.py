@@ -2,6 +2,14 @@
 the caller is done, so a finished sentence is answered after a short pause
 and "my number is ... five five five" is not cut at the dots.
 
+The model hears how the speech stopped, not what was said, and a clause
+that ends in a falling tone can sound finished ("please enter the number
+... to be blocked"). So a "complete" waits for the pause's early transcript
+(the reply already waits for it, so this costs no time) and is overruled
+when the words end on one that no sentence ends on ("my number is",
+"the", "and", a trailing comma): the turn goes on until the silence cap or
+the caller's next pause. The words can only delay an end, never hasten it.
+
 A judgement that fails, or is not back within the timeout, is no judgement:
 the session falls back to the fixed silence for the rest of the turn (logged
 and counted), so a broken or overloaded model never leaves a turn stuck.
@@ -11,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +42,30 @@ EAGERNESS: dict[str, SemanticTurn] = {
     "high": SemanticTurn(threshold=0.35, cap_ms=1200),
 }
 SERVER_EAGERNESS = "auto"  # semantic turns when the client has not chosen
+
+# English words a sentence does not end on (articles, conjunctions,
+# prepositions, possessives, the copula, fillers): a pause after one is
+# the caller thinking, whatever the intonation says. Words that often end
+# a sentence ("in", "on", "up", "you", "so", "that") are left out.
+DANGLING_WORDS = frozenset(
+    {"a", "an", "the", "and", "or", "but", "nor", "because", "if", "than", "whether",
+     "to", "of", "for", "with", "from", "by", "into", "onto", "at", "as", "my", "your",
+     "our", "their", "its", "is", "are", "am", "be", "i", "i'm", "um", "uh", "er", "erm",
+     "uhm"}
+)  # fmt: skip
+TRAILING_MARKS = (",", "...", "\u2026", "-", "\u2014", ":")
+
+
+def words_unfinished(text: str) -> bool:
+    """Whether a transcript stops where no sentence stops: on a dangling
+    word or a mark that says more is coming."""
+    said = text.strip()
+    if not said:
+        return False
+    if said.endswith(TRAILING_MARKS):
+        return True
+    last = re.sub(r"[^a-z']", "", said.split()[-1].lower().replace("\u2019", "'"))
+    return last in DANGLING_WORDS
 
 
 @dataclass
@@ -63,6 +96,10 @@ class EndOfTurnJudge:
     @property
     def semantic(self) -> bool:
         return self._model.semantic
+
+    def overruled(self) -> None:
+        """A "complete" the words overruled (counted beside the verdicts)."""
+        self._stats.decisions["unfinished"] += 1
 
     def judge(
         self, candidate: EndCandidate, semantic: SemanticTurn, decided: Callable[[Verdict], None]

@@ -18,7 +18,9 @@ def _ms(later: float | None, earlier: float | None) -> float | None:
     return round((later - earlier) * 1000.0, 1)
 
 
-Decision = Literal["complete", "incomplete", "late", "failed"]
+# An end-of-turn model's answer; "unfinished": it said complete, and the
+# words overruled it (they end on a word no sentence ends on).
+Decision = Literal["complete", "incomplete", "unfinished", "late", "failed"]
 # What ended a user turn: the end-of-turn model's verdict, the silence (the
 # fixed one, or the cap after an "incomplete"), the client's commit, or a
 # short burst over a reply (ended at its first pause to decide at once).

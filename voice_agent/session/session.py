@@ -35,7 +35,7 @@ from voice_agent.backends.capabilities import PartialTranscriber
 from voice_agent.backends.samples import Samples
 from voice_agent.session.barge_in import BargeIn, is_backchannel
 from voice_agent.session.conversation import Conversation
-from voice_agent.session.endpointing import EndOfTurnJudge, JudgeStats
+from voice_agent.session.endpointing import EndOfTurnJudge, JudgeStats, words_unfinished
 from voice_agent.session.events import (
     AssistantAudioCleared,
     SessionError,
@@ -138,12 +138,17 @@ class ItemError(ValueError):
     """A conversation item that cannot be changed as asked."""
 
 
+def _succeeded(task: asyncio.Task[Any]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None
+
+
 @dataclass
 class _Speculation:
     audio_end_ms: int
     stt_task: asyncio.Task[Heard | None]  # None: shed under load
     response: Response | None = None
     metrics: TurnMetrics | None = None
+    complete: Verdict | None = None  # the model's "complete", waiting for these words
 
 
 class VoiceSession:
@@ -301,14 +306,32 @@ class VoiceSession:
             return
         self._verdict = verdict
         if verdict.decision == "complete":
-            ended = self._detector.end_turn()
-            if ended is not None:
-                self._on_turn_ended(ended, "model")
+            spec = self._speculation
+            if spec is not None and not spec.stt_task.done():
+                spec.complete = verdict  # the words decide when they come
+                return
+            early = spec.stt_task if spec is not None else None
+            heard = early.result() if early is not None and _succeeded(early) else None
+            self._end_if_words_finished(verdict, heard)
         elif verdict.decision != "incomplete":
             # No verdict: the fixed silence ends this turn, as without a model.
             ended = self._detector.end_after_silence(detection.silence_ms)
             if ended is not None:
                 self._on_turn_ended(ended, "silence")
+
+    def _end_if_words_finished(self, verdict: Verdict, heard: Heard | None) -> None:
+        """The model's "complete", unless the pause's words end on one that
+        no sentence ends on: then the turn goes on (to the cap, or the next
+        pause). No words to check (shed, failed): the model decides."""
+        if heard is not None and words_unfinished(heard.text):
+            assert self._judge is not None
+            self._judge.overruled()
+            self._verdict = dataclasses.replace(verdict, decision="unfinished")
+            log.debug("end of turn overruled by the words", extra={"session": self.id})
+            return
+        ended = self._detector.end_turn()
+        if ended is not None:
+            self._on_turn_ended(ended, "model")
 
     def _on_speech_started(self, event: SpeechStarted) -> None:
         self._generation += 1
@@ -353,21 +376,23 @@ class VoiceSession:
     def _on_early_transcript(
         self, spec: _Speculation, task: asyncio.Task[Heard | None], gen: int
     ) -> None:
-        if task.cancelled() or task.exception() is not None:
-            return
-        heard = task.result()
-        if heard is None:  # shed under load: the final transcript will come
+        heard = task.result() if _succeeded(task) else None
+        current = self._speculation is spec and gen == self._generation and not self._closed
+        if heard is None and _succeeded(task):  # shed under load: the final will come
             self.speculations_shed += 1
-            return
-        assert spec.metrics is not None
-        spec.metrics.stt_done = now()
-        if self._speculation is not spec or gen != self._generation or self._closed:
-            return
-        if self._barge_in.holding(gen) and self._decide_barge_in(heard):
-            return
-        # A transcript the checks distrust is decoded again before it is answered.
-        if heard.settled and heard.text and self._answers_turns():
-            spec.response = self._new_response(heard.text, spec.metrics)
+        elif heard is not None:
+            assert spec.metrics is not None
+            spec.metrics.stt_done = now()
+        if heard is not None and current:
+            if self._barge_in.holding(gen) and self._decide_barge_in(heard):
+                return
+            # A transcript the checks distrust is decoded again before it is answered.
+            if heard.settled and heard.text and self._answers_turns():
+                assert spec.metrics is not None
+                spec.response = self._new_response(heard.text, spec.metrics)
+        if current and spec.complete is not None:
+            verdict, spec.complete = spec.complete, None
+            self._end_if_words_finished(verdict, heard)
 
     def _decide_barge_in(self, heard: Heard) -> bool:
         """Speech over a paused reply has paused: its words so far decide.
