@@ -272,8 +272,8 @@ class SureTurnModel:
 
 
 def test_the_words_that_leave_a_sentence_unfinished() -> None:
-    for said in ("My number is", "Please try your.", "I'd like to, um", "Send it to the...", "It would be",
-                 "Well,", "Two tickets for"):  # fmt: skip
+    for said in ("My number is", "Please try your.", "I'd like to, um", "Send it to the...",
+                 "It would be", "Well,", "Two tickets for"):  # fmt: skip
         assert words_unfinished(said), said
     for said in ("", "Call me back later.", "What is it?", "Come in.", "Thank you", "Is it?",
                  "That's all there is to it"):  # fmt: skip
