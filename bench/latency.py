@@ -139,11 +139,20 @@ async def spoken_turn(client: RealtimeClient, index: int, clip: str, gap_s: floa
         clip,
         (first - speech_end) * 1000 if first else None,
         response["status"],
-        {k: float(v) for k, v in metadata.items() if k != "speculative"},
+        {k: float(v) for k, v in metadata.items() if _is_number(v)},
         metadata.get("speculative") == "true",
     )
     await asyncio.sleep(gap_s)
     return turn
+
+
+def _is_number(value: str) -> bool:
+    """The record's spans, not its words (how the turn ended, speculative)."""
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 async def connected(url: str, http: aiohttp.ClientSession) -> tuple[RealtimeClient, float]:

@@ -54,15 +54,33 @@ QUIET_S = 3.0  # after the speech: longer than the semantic cap, for a late repl
 LONG_REPLY = "Count slowly from one to thirty, one number a sentence."
 
 
+# Prompts whose words before the cut (the widest middle gap) make a whole
+# sentence by themselves, labelled by grammar from the aligned words ("The
+# leader has left | the conference"): a listener could take the turn there
+# too. The rest stop on an unfinished phrase ("Your call cannot | be
+# completed as dialed"), the hesitation the targets are about.
+STANDS_ALONE = frozenset(
+    {"agent-pass", "conf-enteringno", "conf-getchannel", "conf-getpin", "conf-leaderhasleft",
+     "conf-onlyperson", "confbridge-begin-glorious-b", "confbridge-begin-leader",
+     "confbridge-lock-no-join", "confbridge-only-one", "confbridge-pin", "confbridge-removed",
+     "demo-nomatch", "dir-nomore", "entr-num-rmv-blklist", "priv-callpending",
+     "privacy-prompt", "queue-thankyou", "vm-forward", "vm-forwardoptions", "vm-leavemsg",
+     "vm-newpassword", "vm-next", "vm-opts", "vm-rec-name", "vm-rec-temp", "vm-rec-unv",
+     "vm-reenterpassword"}
+)  # fmt: skip
+CUTS = ("unfinished", "stands alone")
+
+
 @dataclass
 class Tally:
-    hesitant: dict[float, list[tuple[bool, bool]]] = field(default_factory=dict)  # over, split
+    # (cut, pause) -> [(talked over, split in two)]
+    hesitant: dict[tuple[str, float], list[tuple[bool, bool]]] = field(default_factory=dict)
     v2v_ms: list[float] = field(default_factory=list)
     unanswered: int = 0
     coughs: list[bool] = field(default_factory=list)  # the reply was cancelled
     stops_ms: list[float] = field(default_factory=list)
     not_stopped: int = 0
-    no_long_reply: int = 0  # the reply to talk over never started (30 s)
+    no_long_reply: int = 0  # the reply to talk over never started (30 s), or had ended
 
 
 def widest_middle_gap(audio: np.ndarray) -> int | None:
@@ -79,7 +97,9 @@ def widest_middle_gap(audio: np.ndarray) -> int | None:
     return best * RATE // 100 if best is not None and best_len >= 4 else None
 
 
-def material(limit: int) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list[np.ndarray]]:
+def material(
+    limit: int, finished: int
+) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list[np.ndarray]]:
     """(name, first part, rest) of the hesitant prompts, and finished ones."""
     prompts = [u for u in split_sets()["measurement"] if "/" not in u.name and u.name[:3] != "mfa"]
     prompts = [u for u in prompts if not u.name.startswith("libri") and len(words(u.text)) >= 5]
@@ -88,7 +108,7 @@ def material(limit: int) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list
         gap = widest_middle_gap(prompt.audio)
         if gap is not None and "." not in prompt.text.strip()[:-1]:
             hesitant.append((prompt.name, prompt.audio[:gap], prompt.audio[gap:]))
-    return hesitant[:limit], [p.audio for p in prompts[-limit:]]
+    return hesitant[:limit], [p.audio for p in prompts[-finished:]]
 
 
 async def quiet(client: RealtimeClient) -> None:
@@ -99,7 +119,7 @@ async def quiet(client: RealtimeClient) -> None:
 
 async def hesitant_turn(
     client: RealtimeClient, first: np.ndarray, rest: np.ndarray, pause: float
-) -> tuple[bool, bool]:
+) -> tuple[bool, bool, str]:
     mark = len(client.events)
     speech_end = await client.mic.play(np.concatenate((first, silence(pause), rest)), RATE)
     await asyncio.sleep(QUIET_S)
@@ -109,7 +129,26 @@ async def hesitant_turn(
     over = bool(started) and first_sound is not None and first_sound < speech_end
     split = sum(e["type"] == "input_audio_buffer.committed" for e in events) >= 2
     await quiet(client)
-    return over, split
+    return over, split, turn_details(events)
+
+
+def turn_details(events: list[dict[str, Any]]) -> str:
+    """The user turns' words and how each ended, for the per-item lines."""
+    said = [
+        repr(e["transcript"])
+        for e in events
+        if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    verdicts = []
+    for event in events:
+        if event["type"] == "response.done":
+            meta = event["response"].get("metadata") or {}
+            if "end_of_turn_decision" in meta:
+                verdicts.append(
+                    f"{meta['end_of_turn_decision']}/{meta.get('end_of_turn_verdict')}"
+                    f"@{meta.get('end_of_turn_probability', '-')}"
+                )
+    return f"{' | '.join(said)}  [{', '.join(verdicts)}]"
 
 
 async def finished_turn(client: RealtimeClient, audio: np.ndarray) -> float | None:
@@ -120,9 +159,12 @@ async def finished_turn(client: RealtimeClient, audio: np.ndarray) -> float | No
     return None if first is None else (first - speech_end) * 1000
 
 
-async def over_a_reply(client: RealtimeClient, burst: np.ndarray) -> tuple[dict[str, Any], float]:
-    """Speak ``burst`` 0.8 s into a long reply; the reply's response and
-    the time the burst's speech began (monotonic)."""
+async def over_a_reply(
+    client: RealtimeClient, burst: np.ndarray
+) -> tuple[dict[str, Any], float, bool]:
+    """Speak ``burst`` 0.8 s into a long reply: the reply's response, the
+    time the burst's speech began (monotonic), and whether the reply was
+    still going then (a short one may be over before the burst)."""
     mark = len(client.events)
     client.send(
         {
@@ -148,7 +190,8 @@ async def over_a_reply(client: RealtimeClient, burst: np.ndarray) -> tuple[dict[
     client.mic.play(np.concatenate((burst, silence(1.0))), RATE)
     response = (await asyncio.wait_for(done, 60))["response"]
     await asyncio.sleep(1.0)
-    return response, onset
+    sounding = client.received.peak_between(onset - 0.3, onset) > 500
+    return response, onset, sounding
 
 
 def last_sound_after(client: RealtimeClient, onset: float) -> float | None:
@@ -173,6 +216,7 @@ async def caller(
     finished: list[np.ndarray],
     coughs: int,
     tallies: dict[str, Tally],
+    verbose: bool,
 ) -> None:
     clients = {}
     for arm, url in urls.items():
@@ -180,11 +224,15 @@ async def caller(
         await clients[arm].connect(http)
         await asyncio.wait_for(clients[arm].wait_for_type("session.created"), 20)
     turn_of = hesitant[index % len(hesitant) :] + hesitant[: index % len(hesitant)]
-    for number, (_, first, rest) in enumerate(turn_of):
+    for number, (name, first, rest) in enumerate(turn_of):
         pause = PAUSES_S[(number + index) % len(PAUSES_S)]
         for arm, client in clients.items():
-            result = await hesitant_turn(client, first, rest, pause)
-            tallies[arm].hesitant.setdefault(pause, []).append(result)
+            over, split, details = await hesitant_turn(client, first, rest, pause)
+            cut = CUTS[name in STANDS_ALONE]
+            tallies[arm].hesitant.setdefault((cut, pause), []).append((over, split))
+            if verbose:
+                marks = ("OVER " if over else "") + ("SPLIT" if split else "")
+                print(f"{arm:8} {pause:.1f} s {name:24} {marks:10} {details}", flush=True)
     for audio in finished:
         for arm, client in clients.items():
             v2v = await finished_turn(client, audio)
@@ -195,21 +243,28 @@ async def caller(
     for number in range(coughs):
         for arm, client in clients.items():
             try:
-                response, _ = await over_a_reply(client, noise_burst(200, -25.0, seed=number))
+                response, _, sounding = await over_a_reply(
+                    client, noise_burst(200, -25.0, seed=number)
+                )
             except TimeoutError:
+                sounding = False
+            if sounding:
+                tallies[arm].coughs.append(response["status"] == "cancelled")
+            else:
                 tallies[arm].no_long_reply += 1
-                continue
-            tallies[arm].coughs.append(response["status"] == "cancelled")
             await quiet(client)
         for arm, client in clients.items():
             interruption = finished[number % len(finished)]
             try:
-                _, onset = await over_a_reply(client, interruption)
+                _, onset, sounding = await over_a_reply(client, interruption)
             except TimeoutError:
+                sounding = False
+            if not sounding:
                 tallies[arm].no_long_reply += 1
+                await quiet(client)
                 continue
-            last = last_sound_after(client, onset)
-            if last is None or last - onset > len(interruption) / RATE:
+            last = last_sound_after(client, onset) or onset  # None: quiet from the onset
+            if last - onset > len(interruption) / RATE:
                 tallies[arm].not_stopped += 1
             else:
                 tallies[arm].stops_ms.append(max(0.0, last - onset) * 1000)
@@ -220,21 +275,22 @@ async def caller(
 
 def report(tallies: dict[str, Tally]) -> None:
     rows: list[list[Any]] = []
-    for arm, tally in tallies.items():
-        for pause in PAUSES_S:
-            results = tally.hesitant.get(pause, [])
-            over = sum(o for o, _ in results)
-            split = sum(s for _, s in results)
-            rows.append(
-                [
-                    arm,
-                    f"{pause:.1f} s",
-                    len(results),
-                    f"{over}/{len(results)}",
-                    f"{split}/{len(results)}",
-                ]
-            )
-    print(table(rows, ["arm", "pause", "hesitant turns", "talked over", "split in two"]))
+    for cut in CUTS:
+        for arm, tally in tallies.items():
+            for pause in PAUSES_S:
+                results = tally.hesitant.get((cut, pause), [])
+                over = sum(o for o, _ in results)
+                split = sum(s for _, s in results)
+                rows.append(
+                    [
+                        cut,
+                        arm,
+                        f"{pause:.1f} s",
+                        f"{over}/{len(results)}",
+                        f"{split}/{len(results)}",
+                    ]
+                )
+    print(table(rows, ["cut", "arm", "pause", "talked over", "split in two"]))
     rows = []
     for arm, tally in tallies.items():
         stops = tally.stops_ms
@@ -249,6 +305,7 @@ def report(tallies: dict[str, Tally]) -> None:
                 f"{pct(stops, 50):.0f}" if stops else "-",
                 f"{max(stops):.0f}" if stops else "-",
                 tally.not_stopped,
+                tally.no_long_reply,
             ]
         )
     header = [
@@ -261,6 +318,7 @@ def report(tallies: dict[str, Tally]) -> None:
         "stop p50",
         "max",
         "not stopped",
+        "reply over first",
     ]
     print()
     print(table(rows, header))
@@ -271,14 +329,18 @@ async def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--calls", type=int, default=1, help="simultaneous callers")
-    parser.add_argument("--items", type=int, default=12, help="hesitant and finished prompts each")
+    parser.add_argument("--items", type=int, default=12, help="hesitant prompts (60 at most)")
+    parser.add_argument("--finished", type=int, default=12, help="finished prompts")
     parser.add_argument(
         "--coughs", type=int, default=4, help="coughs (and interruptions) per caller"
     )
     parser.add_argument("--client-nice", type=int, default=10)
+    parser.add_argument(
+        "--verbose", action="store_true", help="a line per hesitant turn: words, verdicts"
+    )
     parser.add_argument("--server-arg", action="append", default=[], help="for both servers")
     args = parser.parse_args()
-    hesitant, finished = material(args.items)
+    hesitant, finished = material(args.items, args.finished)
     print(
         f"{len(hesitant)} hesitant prompts, {len(finished)} finished, {args.calls} caller(s)",
         flush=True,
@@ -293,7 +355,7 @@ async def main() -> None:
         started = time.monotonic()
         await asyncio.gather(
             *(
-                caller(i, urls, http, hesitant, finished, args.coughs, tallies)
+                caller(i, urls, http, hesitant, finished, args.coughs, tallies, args.verbose)
                 for i in range(args.calls)
             )
         )
