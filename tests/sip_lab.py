@@ -37,7 +37,7 @@ SCENARIOS = Path(__file__).parent / "sip"
 GATEWAY, PHONE, SERVICE = "10.77.0.1", "10.77.0.2", "10.77.0.3"
 SIP_PORT = 5060
 SERVICE_PORT = 8080
-API_KEY = "sk-sip-lab-key"
+API_KEY = "sk-sip-lab-key-0123"
 NUMBER = "5551234"
 PHONE_RATE = 8000
 TOOLS = {
@@ -168,7 +168,8 @@ class SipLab:
         return f"http://{SERVICE}:{SERVICE_PORT}"
 
     async def stats(self) -> dict[str, Any]:
-        async with self.http.get(f"{self.service_url}/v1/stats") as response:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        async with self.http.get(f"{self.service_url}/v1/stats", headers=headers) as response:
             body: dict[str, Any] = await response.json()
             return body
 

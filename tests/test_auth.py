@@ -5,6 +5,8 @@ callers, real models."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from typing import Any
 
 import aiohttp
@@ -12,8 +14,11 @@ import pytest
 
 from tests.conftest import RunningServer, ServerFactory, serve_refusing_to_start
 from voice_agent.client import RealtimeClient
+from voice_agent.config import Settings
+from voice_agent.server.auth import Authenticator
 
-KEY = "sk-test-good"
+KEY = "sk-test-good-0123456"
+OTHER = "sk-other-key-0123456"
 CALLS = "/v1/realtime/calls"
 SECRETS = "/v1/realtime/client_secrets"
 
@@ -24,6 +29,24 @@ async def mint(
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with http.post(server.url + SECRETS, json=body, headers=headers) as response:
         return response.status, await response.json()
+
+
+async def get(
+    http: aiohttp.ClientSession, server: RunningServer, path: str, key: str | None
+) -> Any:
+    """A GET's JSON body; asserts it was answered 200."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with http.get(server.url + path, headers=headers) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def status_of(
+    http: aiohttp.ClientSession, method: str, url: str, token: str | None
+) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with http.request(method, url, headers=headers) as response:
+        return response.status, await response.text()
 
 
 async def refused(server: RunningServer, http: aiohttp.ClientSession, token: str | None) -> Any:
@@ -103,7 +126,7 @@ async def test_limits_per_key_count_its_secrets_and_free_up_when_calls_end(
 ) -> None:
     server = await server_factory(
         auth="required",
-        api_keys=[KEY, "sk-other"],
+        api_keys=[KEY, OTHER],
         max_calls_per_key=1,
         offers_per_minute_per_key=3,
     )
@@ -111,7 +134,7 @@ async def test_limits_per_key_count_its_secrets_and_free_up_when_calls_end(
     await first.connect(http)
     _, body = await mint(http, server, {})
     assert "too_many_calls" in await refused(server, http, body["value"])  # the key's secret
-    other = RealtimeClient(server.url, token="sk-other")  # another key is not limited by it
+    other = RealtimeClient(server.url, token=OTHER)  # another key is not limited by it
     await other.connect(http)
     await first.hangup(http)
     await asyncio.wait_for(server.calls.wait_for_count(1), 5)
@@ -122,8 +145,8 @@ async def test_limits_per_key_count_its_secrets_and_free_up_when_calls_end(
     # Offers per minute: the key has spent its 3 (the secret's included).
     message = await refused(server, http, KEY)
     assert "429" in message and "rate_limited" in message
-    async with http.get(server.url + "/v1/stats") as response:
-        auth = (await response.json())["auth"]
+    stats = await get(http, server, "/v1/stats", KEY)
+    auth = stats["auth"]
     assert auth["refused"]["too_many_calls"] == 1 and auth["refused"]["rate_limited"] == 1
 
 
@@ -131,3 +154,80 @@ async def test_auth_is_required_off_loopback_and_serve_says_how() -> None:
     stderr = await serve_refusing_to_start("--host", "0.0.0.0", "--workers", "1")
     assert "API keys are required (listening on 0.0.0.0, not loopback)" in stderr
     assert "--api-keys-file" in stderr
+
+
+async def test_every_endpoint_but_the_probes_and_the_page_needs_a_key(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(auth="required", api_keys=[KEY])
+    for path in ("/v1/stats", "/metrics"):
+        for token in (None, "sk-wrong-0123456789", "sk-\u00e9t\u00e9-non-ascii"):
+            status, body = await status_of(http, "GET", server.url + path, token)
+            assert status == 401 and "internal_error" not in body, (path, token, body)
+        assert (await status_of(http, "GET", server.url + path, KEY))[0] == 200
+    # The probe says ready or not to anyone, the details (the LLM's URL,
+    # its errors, the load) only with a key.
+    assert set(await get(http, server, "/readyz", None)) == {"status", "ready"}
+    assert "llm" in await get(http, server, "/readyz", KEY)
+    for path in ("/healthz", "/v1/voices", "/", "/sdk/voice-agent.js"):
+        async with http.get(server.url + path) as response:
+            assert response.status == 200, path
+    # A bearer token beyond ASCII is a wrong key, not a crash.
+    assert "invalid_api_key" in await refused(server, http, "sk-\u00e9t\u00e9-non-ascii")
+
+
+async def test_a_call_is_seen_and_ended_only_by_its_maker(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(auth="required", api_keys=[KEY, OTHER])
+    _, body = await mint(http, server, {})
+    client = RealtimeClient(server.url, token=body["value"])  # a page with a client secret
+    await client.connect(http)
+    await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    url = client.call_url
+    for method in ("GET", "DELETE"):
+        assert (await status_of(http, method, url, None))[0] == 401
+        assert (await status_of(http, method, url, "ek_forged"))[0] == 401
+        assert (await status_of(http, method, url, OTHER))[0] == 404  # not its maker
+    assert len(server.calls) == 1
+    assert (await status_of(http, "GET", url, KEY))[0] == 200  # the key that minted
+    await client.hangup(http)  # DELETE with the (spent) secret the call was made with
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+    assert server.calls.ended.get("hangup") == 1
+
+
+async def test_keys_configured_are_enforced_on_loopback_too(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(api_keys=[KEY])  # --auth auto, 127.0.0.1
+    assert "missing_api_key" in await refused(server, http, None)
+    assert (await get(http, server, "/v1/stats", KEY))["auth"]["required"] is True
+
+
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [("sk-short", "shorter than 16"), ("sk-replace-me-0123456", "placeholder")],
+)
+async def test_serve_refuses_short_and_placeholder_keys(key: str, why: str) -> None:
+    stderr = await serve_refusing_to_start("--auth", "required", "--api-keys", key)
+    assert why in stderr and key not in stderr  # the key itself is never logged
+
+
+def test_keys_from_the_environment_as_a_list_or_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VOICE_AGENT_API_KEYS", f"{KEY}, {OTHER}")
+    assert Settings().api_keys == [KEY, OTHER]
+    monkeypatch.setenv("VOICE_AGENT_API_KEYS", json.dumps([KEY]))
+    assert Settings().api_keys == [KEY]
+    monkeypatch.setenv("VOICE_AGENT_CORS_ORIGINS", "https://a.example,https://b.example")
+    assert Settings().cors_origins == ["https://a.example", "https://b.example"]
+
+
+def test_auth_off_on_a_public_address_is_logged_as_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="voice_agent.server.auth"):
+        Authenticator.from_settings(Settings(host="0.0.0.0", auth="off"))
+        Authenticator.from_settings(Settings(host="127.0.0.1", api_keys=[KEY]))
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert levels[0][0] == "WARNING" and "public address" in levels[0][1]
+    assert levels[1] == ("INFO", "authentication required")

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 TOOLS = ROOT / ".cache" / "deploy-tools" / "bin"
 IMAGE = "localhost/voice-agent:test"
-KEY = "sk-deploy-test"
+KEY = "sk-deploy-test-0123"
 IMAGE_BUILD_TIMEOUT_S = 1800
 READY_TIMEOUT_S = 240
 

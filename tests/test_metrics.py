@@ -14,9 +14,13 @@ from tests.test_websocket import events_until, typed_turn, ws_url
 pytestmark = pytest.mark.e2e
 
 
+KEY = "sk-metrics-test-0123"
+
+
 async def scrape(http: aiohttp.ClientSession, server: RunningServer) -> dict[str, float]:
     """Every sample as 'name{label=value,...}' -> value."""
-    async with http.get(server.url + "/metrics") as response:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with http.get(server.url + "/metrics", headers=headers) as response:
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/plain")
         text = await response.text()
@@ -31,9 +35,9 @@ async def scrape(http: aiohttp.ClientSession, server: RunningServer) -> dict[str
 async def test_a_turn_shows_in_the_metrics(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=["sk-m"])
+    server = await server_factory(auth="required", api_keys=[KEY])
     before = await scrape(http, server)
-    async with http.ws_connect(ws_url(server), headers={"Authorization": "Bearer sk-m"}) as ws:
+    async with http.ws_connect(ws_url(server), headers={"Authorization": f"Bearer {KEY}"}) as ws:
         await events_until(ws, "session.created", 10)
         during = await scrape(http, server)
         assert during["voice_agent_active_calls{}"] == 1

@@ -25,7 +25,7 @@ from voice_agent.client import RealtimeClient, fetch_ice_servers
 from voice_agent.rtc.call import Call
 from voice_agent.rtc.turn import mint
 
-KEY = "sk-turn-test"
+KEY = "sk-turn-test-0123456"
 
 
 @pytest_asyncio.fixture
@@ -83,7 +83,11 @@ def test_turn_settings_that_cannot_work_are_refused() -> None:
         settings_with(turn_secret="the-turn-secret", turn_urls=["turn:h:3478"], turn_ttl_s=600)
     # A refusal is printed at start-up: it never carries the secret.
     assert "the-turn-secret" not in f"{no_urls.value}{too_short.value}"
-    settings = settings_with(turn_secret="s", turn_urls="turn:a:3478,turn:b:3478")
+    for weak in ("tiny-secret", "replace-me-with-openssl-rand-hex-32"):  # deploy/'s example
+        with pytest.raises(ValidationError, match=r"shorter than 16|placeholder") as refused:
+            settings_with(turn_secret=weak, turn_urls=["turn:h:3478"])
+        assert weak not in str(refused.value)
+    settings = settings_with(turn_secret="s" * 16, turn_urls="turn:a:3478,turn:b:3478")
     assert settings.turn_urls == ["turn:a:3478", "turn:b:3478"]
 
 

@@ -93,8 +93,8 @@ async def test_openais_python_sdk_talks_to_the_websocket_unchanged(
 ) -> None:
     """A spoken turn in as appended audio, the transcript and audio deltas
     out, through OpenAI's own client, unchanged but for its base URL."""
-    server = await server_factory(auth="required", api_keys=["sk-sdk"])
-    client = AsyncOpenAI(base_url=server.url + "/v1", api_key="sk-sdk")
+    server = await server_factory(auth="required", api_keys=["sk-sdk-test-0123456"])
+    client = AsyncOpenAI(base_url=server.url + "/v1", api_key="sk-sdk-test-0123456")
     speech = StreamResampler(16_000, WIRE_RATE).process(
         np.concatenate((librivox("0930"), silence(1.0))), last=True
     )
@@ -131,14 +131,14 @@ async def test_openais_python_sdk_talks_to_the_websocket_unchanged(
 async def test_a_websocket_without_a_key_is_refused_before_the_upgrade(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=["sk-ws"])
+    server = await server_factory(auth="required", api_keys=["sk-ws-test-01234567"])
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await http.ws_connect(ws_url(server))
     assert refused.value.status == 401
     assert len(server.calls) == 0
     # A browser cannot set headers on a WebSocket: the key as a subprotocol.
     async with http.ws_connect(
-        ws_url(server), protocols=("realtime", "openai-insecure-api-key.sk-ws")
+        ws_url(server), protocols=("realtime", "openai-insecure-api-key.sk-ws-test-01234567")
     ) as ws:
         (created,) = await events_until(ws, "session.created", 10)
         assert created["type"] == "session.created"

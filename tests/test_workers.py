@@ -31,8 +31,11 @@ class WorkersServer:
         self.process = process
         self.url = url
 
-    async def json(self, http: aiohttp.ClientSession, path: str) -> dict[str, Any]:
-        async with http.get(self.url + path) as response:
+    async def json(
+        self, http: aiohttp.ClientSession, path: str, key: str | None = None
+    ) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with http.get(self.url + path, headers=headers) as response:
             body: dict[str, Any] = await response.json()
             return body
 
@@ -189,7 +192,7 @@ async def test_sigterm_stops_the_front_every_worker_and_the_llm(
 async def test_the_front_authenticates_and_a_secret_binds_the_session_on_the_worker(
     http: aiohttp.ClientSession,
 ) -> None:
-    key = "sk-front-key"
+    key = "sk-front-key-0123456"
     process, url = await start_server("--workers", "2", "--auth", "required", "--api-keys", key)
     server = WorkersServer(process, url)
     try:
@@ -207,7 +210,7 @@ async def test_the_front_authenticates_and_a_secret_binds_the_session_on_the_wor
         created = await asyncio.wait_for(client.wait_for_type("session.created"), 10)
         assert created["session"]["instructions"] == "Answer in French."
         assert "_w" in location(client)
-        stats = await server.json(http, "/v1/stats")
+        stats = await server.json(http, "/v1/stats", key)
         assert stats["auth"]["refused"]["unauthorized"] == 1
         assert sum(stats["auth"]["calls_by_key"].values()) == 1
         await client.hangup(http)

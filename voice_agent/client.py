@@ -382,7 +382,9 @@ class RealtimeClient:
 
     async def hangup(self, session: aiohttp.ClientSession | None = None) -> None:
         if session is not None and self.location is not None:
-            async with session.delete(self.call_url):
+            # The call's maker may end it: the key, or the secret it was made with.
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            async with session.delete(self.call_url, headers=headers):
                 pass
         if self._reader is not None:
             self._reader.cancel()

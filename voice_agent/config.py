@@ -13,9 +13,18 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from voice_agent.cpu import available_cores, default_max_calls, default_threads
 
+# Secrets shorter than this, or holding an example's placeholder, are
+# anyone's: start-up refuses them (API keys: server/auth.py).
+MIN_SECRET_CHARS = 16
+PLACEHOLDER_MARKS = ("replace-me", "replace_me", "changeme", "change-me", "sk-...", "example")
+
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="VOICE_AGENT_", extra="forbid")
+    # Lists come from the environment as "a,b" or as JSON ("[\"a\"]"): the
+    # validator below reads both, so pydantic-settings must not insist on JSON.
+    model_config = SettingsConfigDict(
+        env_prefix="VOICE_AGENT_", extra="forbid", enable_decoding=False
+    )
 
     # --- signaling server -------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to listen on.")
@@ -601,6 +610,11 @@ class Settings(BaseSettings):
     )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().startswith("["):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("a JSON list that does not parse") from None
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
@@ -635,6 +649,11 @@ class Settings(BaseSettings):
             raise ValueError("--turn-urls needs --turn-secret (the TURN server's shared secret)")
         if info.field_name == "turn_urls" and secret is not None and not value:
             raise ValueError("--turn-secret needs --turn-urls (where clients reach TURN)")
+        if info.field_name == "turn_urls" and secret is not None:
+            if len(secret) < MIN_SECRET_CHARS:
+                raise ValueError(f"--turn-secret is shorter than {MIN_SECRET_CHARS} characters")
+            if any(mark in secret.lower() for mark in PLACEHOLDER_MARKS):
+                raise ValueError("--turn-secret is a placeholder from the examples; generate one")
         return value
 
     @field_validator("turn_ttl_s")

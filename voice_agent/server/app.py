@@ -29,6 +29,7 @@ from voice_agent.loop_health import LoopHealthMonitor
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc import decoder_hop, opus_wideband
 from voice_agent.rtc.call import Call, restrict_host_addresses
+from voice_agent.server.access import manager_refusal, probe_body, require_api_keys
 from voice_agent.server.admission import (
     CALL_ID_PREFIX,
     CALLS,
@@ -61,6 +62,7 @@ from voice_agent.server.limits import OfferRateLimiter
 from voice_agent.server.llm_proxy import add_llm_proxy
 from voice_agent.server.metrics import LiveState, metrics_response, render
 from voice_agent.server.public_url import call_location, path_prefix
+from voice_agent.server.route_marks import checks_its_own_caller
 from voice_agent.server.sdk import add_sdk_routes
 from voice_agent.server.sdp_check import check_offer_lines
 from voice_agent.server.websocket import add_websocket_route
@@ -211,6 +213,7 @@ def settle_offer(request: web.Request, offer: Offer, answer: web.StreamResponse 
         auth.release_call(offer.caller)
 
 
+@checks_its_own_caller
 async def create_call(request: web.Request) -> web.StreamResponse:
     offer = await admit_offer(request)
     if isinstance(offer, web.Response):
@@ -271,7 +274,10 @@ async def _make_call(
     )
 
 
+@checks_its_own_caller
 async def delete_call(request: web.Request) -> web.StreamResponse:
+    if (refused := manager_refusal(request, request.match_info["call_id"])) is not None:
+        return refused
     call = request.app[CALLS].get(request.match_info["call_id"])
     if call is None:
         return error_response(404, "call_not_found", "no such call")
@@ -279,9 +285,12 @@ async def delete_call(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
+@checks_its_own_caller
 async def get_call(request: web.Request) -> web.StreamResponse:
     """Whether a call is still live: how a SIP gateway learns that the
     service hung up, and sends the phone a BYE."""
+    if (refused := manager_refusal(request, request.match_info["call_id"])) is not None:
+        return refused
     call = request.app[CALLS].get(request.match_info["call_id"])
     if call is None:
         return error_response(404, "call_not_found", "no such call")
@@ -314,21 +323,16 @@ async def readyz(request: web.Request) -> web.StreamResponse:
         "llm": engine.llm_health(),
     }
     if request.app[SHUTTING_DOWN].is_set():
-        return web.json_response(
-            {**body, "status": "draining"}, status=503, headers={"Retry-After": RETRY_AFTER_S}
-        )
-    if not engine.ready:
+        body["status"] = "draining"
+    elif not engine.ready:
         status = "loading" if engine.models is None else "llm_unavailable"
-        return web.json_response(
-            {**body, "status": status, "reason": engine.unready_reason},
-            status=503,
-            headers={"Retry-After": RETRY_AFTER_S},
-        )
-    if calls.full:
-        return web.json_response(
-            {**body, "status": "full"}, status=503, headers={"Retry-After": RETRY_AFTER_S}
-        )
-    return web.json_response({**body, "status": "ready"})
+        body.update(status=status, reason=engine.unready_reason)
+    else:
+        body["status"] = "full" if calls.full else "ready"
+    if body["status"] == "ready":
+        return web.json_response(probe_body(request, body))
+    unready = {"Retry-After": RETRY_AFTER_S}
+    return web.json_response(probe_body(request, body), status=503, headers=unready)
 
 
 async def stats(request: web.Request) -> web.StreamResponse:
@@ -487,7 +491,7 @@ def new_app(settings: Settings) -> web.Application:
     process that faces clients has (one process, or the front of workers)."""
     # aiohttp's own body limit sits above ours so oversized offers get our 413.
     app = web.Application(
-        middlewares=[cors_middleware(settings.cors_origins), json_errors],
+        middlewares=[cors_middleware(settings.cors_origins), json_errors, require_api_keys],
         client_max_size=settings.max_offer_bytes * 2,
     )
     app[SETTINGS] = settings

@@ -8,10 +8,13 @@ configuration it was minted with, expires (``expires_after.seconds``, 10
 minutes by default, at most 2 hours), and is good for one call: used or
 expired, it is refused.
 
-Authentication is off when the server listens on loopback only, and
-required otherwise (``--auth auto``); ``--auth required`` or ``off`` say so
-explicitly. Limits per key (offers a minute, calls at once) sit beside the
-per-address ones; a secret counts against the key that minted it.
+Authentication is required when keys are configured or the server listens
+beyond loopback (``--auth auto``), and off only on loopback with no keys;
+``--auth required`` or ``off`` say so explicitly. Keys are at least
+``MIN_SECRET_CHARS`` long and never a documented placeholder. Limits per key
+(offers a minute, calls at once) sit beside the per-address ones; a secret
+counts against the key that minted it. A call is managed (``GET``,
+``DELETE``) by the key that made it or with the secret it was made with.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import math
 import secrets
 import time
@@ -30,9 +34,12 @@ from typing import Any
 
 from aiohttp import web
 
-from voice_agent.config import Settings
+from voice_agent.config import MIN_SECRET_CHARS, PLACEHOLDER_MARKS, Settings
 from voice_agent.ratelimit import TokenBucket
 from voice_agent.server.errors import error_response
+from voice_agent.server.route_marks import checks_its_own_caller
+
+log = logging.getLogger(__name__)
 
 SECRET_PREFIX = "ek_"
 DEFAULT_SECRET_TTL_S = 600
@@ -63,6 +70,7 @@ class Caller:
 
     key_id: str
     session: dict[str, Any] | None = None
+    secret_hash: str | None = None  # the client secret it came with (sha256)
 
 
 @dataclass
@@ -74,6 +82,24 @@ class _Secret:
 
 def key_id(key: str) -> str:
     return "key_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _token_bytes(token: str) -> bytes:
+    # aiohttp decodes header bytes that are not UTF-8 as surrogates.
+    return token.encode("utf-8", "surrogateescape")
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(_token_bytes(token)).hexdigest()
+
+
+def unusable_key(key: str) -> str | None:
+    """Why a configured key must not be accepted, if it must not."""
+    if len(key) < MIN_SECRET_CHARS:
+        return f"an API key is shorter than {MIN_SECRET_CHARS} characters"
+    if any(mark in key.lower() for mark in PLACEHOLDER_MARKS):
+        return "an API key is a placeholder from the examples; generate one"
+    return None
 
 
 def read_keys_file(path: Path) -> list[str]:
@@ -117,8 +143,11 @@ class Authenticator:
                 keys += read_keys_file(Path(settings.api_keys_file))
             except OSError as exc:
                 raise AuthConfigError(f"cannot read --api-keys-file: {exc}") from None
+        public = not is_loopback(settings.host)
+        # Keys configured are keys enforced: on loopback too (a local proxy
+        # in front forwards everyone's requests from 127.0.0.1).
         required = settings.auth == "required" or (
-            settings.auth == "auto" and not is_loopback(settings.host)
+            settings.auth == "auto" and (public or bool(keys))
         )
         if required and not keys:
             why = (
@@ -130,6 +159,20 @@ class Authenticator:
                 f"API keys are required ({why}) but none is set: pass --api-keys-file FILE "
                 "or VOICE_AGENT_API_KEYS, or --auth off behind your own authentication"
             )
+        for key in keys if required else ():
+            why_not = unusable_key(key)
+            if why_not is not None:
+                raise AuthConfigError(f"{why_not} (key id {key_id(key)})")
+        if required:
+            log.info("authentication required", extra={"keys": len(keys), "auth": settings.auth})
+        elif public:
+            log.warning(
+                "authentication is off on a public address: anyone who reaches it can "
+                "call, mint TURN credentials and use the LLM",
+                extra={"host": settings.host},
+            )
+        else:
+            log.info("authentication off (loopback, no keys)", extra={"host": settings.host})
         return cls(keys, required, settings.offers_per_minute_per_key, settings.max_calls_per_key)
 
     # -- who is calling -------------------------------------------------------
@@ -140,24 +183,67 @@ class Authenticator:
         token = _bearer(headers.get("Authorization", ""))
         if not self.required:
             if allow_secret and token is not None and token.startswith(SECRET_PREFIX):
-                secret = self._secrets.pop(token, None)
-                if secret is not None and secret.expires_at > time.time():
-                    return Caller(secret.key_id, secret.session)
+                return self._spend(token)
             return None
         if token is None:
             self.refused["unauthorized"] += 1
             raise AuthError(401, "missing_api_key", "send an API key: Authorization: Bearer KEY")
-        for kid, key in self._keys.items():
-            if hmac.compare_digest(token, key):
-                return Caller(kid)
+        kid = self._key_of(token)
+        if kid is not None:
+            return Caller(kid)
         if allow_secret and token.startswith(SECRET_PREFIX):
-            secret = self._secrets.pop(token, None)
-            if secret is not None and secret.expires_at > time.time():
-                return Caller(secret.key_id, secret.session)
+            caller = self._spend(token)
+            if caller is not None:
+                return caller
             self.refused["unauthorized"] += 1
             raise AuthError(401, "invalid_client_secret", "the client secret is expired or used")
         self.refused["unauthorized"] += 1
         raise AuthError(401, "invalid_api_key", "the API key is not valid")
+
+    def _key_of(self, token: str) -> str | None:
+        """The id of the API key ``token`` is, compared in constant time
+        (as bytes: a token with characters beyond ASCII is just wrong)."""
+        given = _token_bytes(token)
+        found = None
+        for kid, key in self._keys.items():
+            if hmac.compare_digest(given, key.encode()):
+                found = kid
+        return found
+
+    def _spend(self, token: str) -> Caller | None:
+        secret = self._secrets.pop(token, None)
+        if secret is None or secret.expires_at <= time.time():
+            return None
+        return Caller(secret.key_id, secret.session, _hash(token))
+
+    def has_key(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request carries one of the API keys (or needs none)."""
+        if not self.required:
+            return True
+        token = _bearer(headers.get("Authorization", ""))
+        return token is not None and self._key_of(token) is not None
+
+    def check_manager(self, call_id: str, headers: Mapping[str, str]) -> None:
+        """Whether this request may see or end the call: the key that made
+        it, or the client secret it was made with (spent, but still its
+        own). 401 without a valid token, 404 for another's call (whether
+        it exists is not told)."""
+        if not self.required:
+            return
+        token = _bearer(headers.get("Authorization", ""))
+        if token is None:
+            self.refused["unauthorized"] += 1
+            raise AuthError(401, "missing_api_key", "send an API key: Authorization: Bearer KEY")
+        owner = self._owners.get(call_id)
+        kid = self._key_of(token)
+        if kid is None:
+            made_with = owner.secret_hash if owner is not None else None
+            if made_with is not None and hmac.compare_digest(made_with, _hash(token)):
+                return
+            self.refused["unauthorized"] += 1
+            raise AuthError(401, "invalid_api_key", "the API key is not valid")
+        if owner is not None and owner.key_id != kid:
+            raise AuthError(404, "call_not_found", "no such call")
 
     # -- client secrets ---------------------------------------------------------
     def mint(self, caller: Caller, ttl_s: float, session: dict[str, Any] | None) -> dict[str, Any]:
@@ -256,6 +342,7 @@ def with_bound_session(
 AUTH: web.AppKey[Authenticator] = web.AppKey("auth", Authenticator)
 
 
+@checks_its_own_caller
 async def create_client_secret(request: web.Request) -> web.StreamResponse:
     """``POST /v1/realtime/client_secrets`` (OpenAI's shape): with an API
     key, a single-use ``ek_`` secret bound to ``session``."""

@@ -30,6 +30,7 @@ from aiohttp import web
 from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
+from voice_agent.server.access import manager_refusal, probe_body
 from voice_agent.server.admission import (
     ENGINE,
     OFFER_LIMITS,
@@ -50,6 +51,7 @@ from voice_agent.server.auth import AUTH
 from voice_agent.server.errors import error_response
 from voice_agent.server.metrics import LiveState, merge, metrics_response, render, scrape
 from voice_agent.server.public_url import path_prefix
+from voice_agent.server.route_marks import checks_its_own_caller
 from voice_agent.server.speech_api import add_speech_routes
 from voice_agent.server.websocket import (
     CALL_ID_HEADER,
@@ -74,6 +76,7 @@ def _unavailable(message: str) -> web.Response:
     return error_response(503, "workers_unavailable", message, {"Retry-After": RETRY_AFTER_S})
 
 
+@checks_its_own_caller
 async def create_call(request: web.Request) -> web.StreamResponse:
     # Bad offers are refused here, before any worker is involved.
     offer = await admit_offer(request)
@@ -150,6 +153,7 @@ async def _relay(answer: aiohttp.ClientResponse) -> web.Response:
     )
 
 
+@checks_its_own_caller
 async def realtime_websocket(request: web.Request) -> web.StreamResponse:
     """A WebSocket session, admitted here and relayed to a worker: the
     front picks the call's id (so it knows whose it is at once) and hands
@@ -219,7 +223,10 @@ async def _relay_frames(
         await asyncio.gather(*both, return_exceptions=True)
 
 
+@checks_its_own_caller
 async def delete_call(request: web.Request) -> web.StreamResponse:
+    if (refused := manager_refusal(request, request.match_info["call_id"])) is not None:
+        return refused
     call_id = request.match_info["call_id"]
     worker = request.app[POOL].owner(call_id)
     if worker is None or worker.http is None:
@@ -231,8 +238,11 @@ async def delete_call(request: web.Request) -> web.StreamResponse:
         return error_response(404, "call_not_found", "no such call (its worker is gone)")
 
 
+@checks_its_own_caller
 async def get_call(request: web.Request) -> web.StreamResponse:
     """Whether a call is still live (the pool hears of every start and end)."""
+    if (refused := manager_refusal(request, request.match_info["call_id"])) is not None:
+        return refused
     call_id = request.match_info["call_id"]
     worker = request.app[POOL].owner(call_id)
     if worker is None or call_id not in worker.live:
@@ -260,22 +270,22 @@ async def readyz(request: web.Request) -> web.StreamResponse:
     answer, a media worker up, a slot free."""
     engine, pool = request.app[ENGINE], request.app[POOL]
     body: dict[str, Any] = {"ready": engine.ready, **_capacity(pool), "llm": engine.llm_health()}
-    unready = {"Retry-After": RETRY_AFTER_S}
     if request.app[SHUTTING_DOWN].is_set():
-        return web.json_response({**body, "status": "draining"}, status=503, headers=unready)
-    if not engine.ready or not pool.started:
+        body["status"] = "draining"
+    elif not engine.ready or not pool.started:
         loading = engine.models is None or engine.ready
         body.update(
             status="loading" if loading else "llm_unavailable",
             reason=engine.unready_reason or "the media workers are starting",
         )
-        return web.json_response(body, status=503, headers=unready)
-    if pool.up == 0:
+    elif pool.up == 0:
         body.update(status="workers_unavailable", reason="no media worker is running")
-        return web.json_response(body, status=503, headers=unready)
-    if pool.full:
-        return web.json_response({**body, "status": "full"}, status=503, headers=unready)
-    return web.json_response({**body, "status": "ready"})
+    else:
+        body["status"] = "full" if pool.full else "ready"
+    if body["status"] == "ready":
+        return web.json_response(probe_body(request, body))
+    unready = {"Retry-After": RETRY_AFTER_S}
+    return web.json_response(probe_body(request, body), status=503, headers=unready)
 
 
 async def _worker_stats(worker: Worker) -> dict[str, Any] | None:

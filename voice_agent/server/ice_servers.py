@@ -18,10 +18,12 @@ from voice_agent.rtc.turn import client_ice_servers
 from voice_agent.server.admission import SETTINGS
 from voice_agent.server.auth import AUTH, AuthError
 from voice_agent.server.errors import error_response
+from voice_agent.server.route_marks import checks_its_own_caller
 
 ICE_SERVERS_PATH = "/v1/ice-servers"
 
 
+@checks_its_own_caller
 async def ice_servers(request: web.Request) -> web.StreamResponse:
     try:
         caller = request.app[AUTH].identify(request.headers, allow_secret=False)

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from voice_agent import strict_json
 from voice_agent.backends.llm_http import HttpLlmConfig
+from voice_agent.server.route_marks import checks_its_own_caller
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ def add_llm_proxy(
     # One connection pool, made inside the running loop (the app is frozen by then).
     pool: list[aiohttp.ClientSession] = []
 
+    @checks_its_own_caller
     async def forward(request: web.Request) -> web.StreamResponse:
         if (refused := refusal(request)) is not None:
             return refused

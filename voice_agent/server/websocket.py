@@ -32,6 +32,7 @@ from voice_agent.server.admission import (
 )
 from voice_agent.server.auth import AUTH, Caller
 from voice_agent.server.errors import error_response
+from voice_agent.server.route_marks import checks_its_own_caller
 from voice_agent.session.ids import new_id
 from voice_agent.ws.call import WebSocketCall
 
@@ -77,6 +78,7 @@ async def admit(request: web.Request) -> tuple[Caller | None, web.Response | Non
     return caller, None
 
 
+@checks_its_own_caller
 async def realtime_websocket(request: web.Request) -> web.StreamResponse:
     settings, engine, calls, auth = (
         request.app[SETTINGS],

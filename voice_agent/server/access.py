@@ -1,0 +1,62 @@
+"""Which endpoints need an API key when keys are required: every one but
+the probes, the demo page with its assets and SDK, and the voice list; and
+the routes that check the caller themselves (``route_marks.checks_its_own_caller``):
+offers and WebSocket sessions (which take client secrets), minting, TURN
+credentials, the LLM proxy, and a call's ``GET``/``DELETE`` (its maker's).
+
+Closed by default: a route added later needs a key until it is listed
+here, so an operator's counters (``/v1/stats``: key ids, the LLM's URL and
+its errors; ``/metrics``; ``/debug``) are never open by oversight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from voice_agent.server.auth import AUTH, AuthError
+from voice_agent.server.errors import error_response
+from voice_agent.server.route_marks import checks_own_caller
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/v1/voices"})
+OPEN_PREFIXES = ("/web/", "/sdk/")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _open(request: web.Request) -> bool:
+    path = request.path
+    if request.method == "OPTIONS" or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+        return True
+    match = request.match_info
+    # No such route (404/405): nothing to protect, and aiohttp says so.
+    return match.http_exception is not None or checks_own_caller(match.handler)
+
+
+@web.middleware
+async def require_api_keys(request: web.Request, handler: Handler) -> web.StreamResponse:
+    auth = request.app[AUTH]
+    if not auth.required or _open(request) or auth.has_key(request.headers):
+        return await handler(request)
+    auth.refused["unauthorized"] += 1
+    return error_response(401, "invalid_api_key", "this endpoint needs an API key")
+
+
+def probe_body(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
+    """What a readiness probe without a key is told: ready or not, and
+    why in one word; the rest (the LLM's URL and errors, the load) only
+    with a key."""
+    if request.app[AUTH].has_key(request.headers):
+        return body
+    return {k: body[k] for k in ("status", "ready") if k in body}
+
+
+def manager_refusal(request: web.Request, call_id: str) -> web.Response | None:
+    """401/404 unless the request may see or end this call (its maker)."""
+    try:
+        request.app[AUTH].check_manager(call_id, request.headers)
+    except AuthError as exc:
+        return error_response(exc.status, exc.code, str(exc))
+    return None
