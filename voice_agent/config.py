@@ -237,7 +237,7 @@ class Settings(BaseSettings):
         "reply prepared, held until the turn ends).",
     )
 
-    # --- STT: batching, partial transcripts, remote STT (issue 3) ----------
+    # --- STT: batching, partial transcripts, remote STT ----------
     stt_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Device for the parakeet STT backend (auto = CUDA when present)."
     )
@@ -328,7 +328,7 @@ class Settings(BaseSettings):
     llm_timeout_s: float = Field(
         30.0, gt=0, description="Timeout for one whole LLM request (all of its stream)."
     )
-    # LLM client (issue 4): API choice, timeouts, reasoning controls, tools, proxy.
+    # LLM client: API choice, timeouts, reasoning controls, tools, proxy.
     llm_backend: Literal["chat-completions", "responses"] = Field(
         "chat-completions",
         description="OpenAI API to call: chat-completions (POST /chat/completions) or responses "
@@ -398,7 +398,7 @@ class Settings(BaseSettings):
         ge=1,
         description="Embedded llama.cpp generation threads (default: the available cores, at "
         "most 8). On 2 cores, 1 thread was faster on an Intel Xeon and slower on an AMD EPYC "
-        "(README, the generation-threads lever): measure before changing it.",
+        "(docs/measurements.md, the generation-threads lever): measure before changing it.",
     )
     llama_batch_threads: int | None = Field(
         None,
@@ -418,8 +418,8 @@ class Settings(BaseSettings):
         description="How the embedded llama.cpp's OpenMP threads wait at the barrier after "
         "each operation: spin = spin 1000 times first (GOMP_SPINCOUNT), then sleep; passive = "
         "sleep at once. One caller, paired: spin's replies 0.74x as late at the median, 20 "
-        "of 20 turns sooner; five callers even over ten alternated pairs (README, issue 16's "
-        "ninth and tenth rounds). OMP_WAIT_POLICY or GOMP_SPINCOUNT set in the environment "
+        "of 20 turns sooner; five callers even over ten alternated pairs "
+        "(docs/measurements.md). OMP_WAIT_POLICY or GOMP_SPINCOUNT set in the environment "
         "wins.",
     )
     llama_poll: int = Field(

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 # Calls one core carries, measured with bench/load.py on the embedded
 # models: on 2 cores, 5 callers complete every turn with 0-59 of ~15,000
-# frames late (voice-to-voice p50 1.7-2.3 s; see the README's load table).
+# frames late (voice-to-voice p50 1.7-2.3 s; docs/measurements.md, bench/load.py).
 CALLS_PER_CORE = 2.5
 
 

@@ -534,8 +534,8 @@ def child_environment(omp_wait: OmpWait = "spin") -> dict[str, str]:
     9 spinning, the first token 90 against 62 ms; 11.8 ms with a spin count
     of 1000. With five callers on the same 2 cores OpenMP's default count
     lost (a thread spins while its partner waits for a core); a count of
-    1000 was even with passive over ten alternated pairs (README, issue
-    16's ninth and tenth rounds), hence the default."""
+    1000 was even with passive over ten alternated pairs
+    (docs/measurements.md), hence the default."""
     # os.environ holds the operator's policy if they set one, else the
     # PASSIVE this package set at import: only spin has anything to change.
     env = dict(os.environ)
