@@ -35,7 +35,7 @@ pytestmark = [
 log = logging.getLogger(__name__)
 
 SDK_DIR = Path(__file__).with_name("agents-sdk")
-KEY = "sk-test-backend"
+KEY = "sk-test-backend-0123"
 QUESTION = "0930"
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 
