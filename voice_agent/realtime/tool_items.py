@@ -84,7 +84,8 @@ def parse_tool_choice(value: Any, param: str) -> ToolChoice:
 
 
 def parse_max_tokens(value: Any, param: str, unlimited: int) -> int:
-    """An integer, or "inf" (read as ``unlimited``, the server's cap)."""
+    """An integer, or "inf"; never more than ``unlimited``, the server's cap
+    (``--llm-max-tokens``): the operator's ceiling is no client's to raise."""
     if value == "inf":
         return unlimited
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_OUTPUT_TOKENS:
@@ -93,7 +94,7 @@ def parse_max_tokens(value: Any, param: str, unlimited: int) -> int:
             f"max_output_tokens must be an integer from 1 to {MAX_OUTPUT_TOKENS} or 'inf'",
             param,
         )
-    return value
+    return min(value, unlimited)
 
 
 @dataclass(frozen=True)

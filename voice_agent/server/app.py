@@ -59,7 +59,7 @@ from voice_agent.server.drain import DRAINING
 from voice_agent.server.errors import error_response
 from voice_agent.server.ice_servers import add_ice_servers_route
 from voice_agent.server.limits import OfferRateLimiter
-from voice_agent.server.llm_proxy import add_llm_proxy
+from voice_agent.server.llm_proxy import ProxyLimits, add_llm_proxy
 from voice_agent.server.metrics import LiveState, metrics_response, render
 from voice_agent.server.public_url import call_location, path_prefix
 from voice_agent.server.route_marks import checks_its_own_caller
@@ -530,9 +530,12 @@ def add_shared_routes(app: web.Application, settings: Settings, engine: Engine) 
     add_client_secrets_route(app)
     add_ice_servers_route(app)
     if settings.enable_llm_proxy:
-        add_llm_proxy(
-            app, lambda: engine.llm_config, settings.llm_proxy_max_body_bytes, api_key_refusal
+        limits = ProxyLimits(
+            settings.llm_proxy_max_body_bytes,
+            settings.llm_proxy_max_tokens,
+            settings.llm_proxy_max_concurrent,
         )
+        add_llm_proxy(app, lambda: engine.llm_config, limits, api_key_refusal)
     if WEB_DIR.is_dir():
         app.router.add_static("/web/", WEB_DIR, show_index=False)
         add_sdk_routes(app, WEB_DIR)

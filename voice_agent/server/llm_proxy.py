@@ -2,9 +2,15 @@
 titles, classification) at ``POST /v1/chat/completions`` and
 ``POST /v1/responses`` (``--enable-llm-proxy``, off by default).
 
-Requests are forwarded as they are, except that ``model`` is replaced by the
-server's model and the server's own key is used, so clients never see the
-key. Replies (streamed or not) are passed through chunk by chunk. A client
+Requests are forwarded with the server's model and key (clients never see
+the key), and within the operator's limits: only the body fields a side
+task needs (``CHAT_FIELDS``, ``RESPONSES_FIELDS``; anything else, such as
+llama.cpp's ``id_slot`` or ``grammar`` or OpenAI's ``n``, is refused by
+name), at most ``--llm-proxy-max-tokens`` tokens a reply (also when the
+client asks for none or more), and at most ``--llm-proxy-max-concurrent``
+requests at once (beyond: 429), so side tasks never take every slot the
+live calls' replies need. Replies (streamed or not) are passed through
+chunk by chunk. A client
 that goes away ends the upstream request at once, also before the first
 byte: the server runs with ``handler_cancellation``, so this handler is
 cancelled and its ``finally`` closes the upstream connection.
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -26,6 +33,50 @@ from voice_agent.server.route_marks import checks_its_own_caller
 log = logging.getLogger(__name__)
 
 PATHS = {"/v1/chat/completions": "/chat/completions", "/v1/responses": "/responses"}
+_COMMON = {"model", "stream", "temperature", "top_p", "tools", "tool_choice", "user"}
+CHAT_FIELDS = frozenset(
+    _COMMON
+    | {"messages", "stream_options", "max_tokens", "max_completion_tokens", "stop",
+       "response_format", "parallel_tool_calls", "seed", "presence_penalty",
+       "frequency_penalty"}
+)  # fmt: skip
+RESPONSES_FIELDS = frozenset(
+    _COMMON | {"input", "instructions", "max_output_tokens", "text", "parallel_tool_calls"}
+)
+# Each API's token limit fields: capped at the operator's ceiling, and set
+# to it when the client sends none (the upstream's default may be no limit).
+TOKEN_FIELDS = {
+    "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
+    "/v1/responses": ("max_output_tokens",),
+}
+RETRY_AFTER_S = "1"
+
+
+@dataclass(frozen=True)
+class ProxyLimits:
+    max_body_bytes: int
+    max_tokens: int
+    max_concurrent: int
+
+
+def bounded_body(path: str, body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The body within the proxy's limits, or ValueError naming what is not
+    allowed. A token limit over the ceiling is lowered to it."""
+    allowed = CHAT_FIELDS if path == "/v1/chat/completions" else RESPONSES_FIELDS
+    refused = sorted(set(body) - allowed)
+    if refused:
+        raise ValueError(f"fields not accepted by this proxy: {', '.join(refused[:5])}")
+    bounded = dict(body)
+    fields = TOKEN_FIELDS[path]
+    for field in fields:
+        value = bounded.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"{field} must be an integer")
+        if value is not None:
+            bounded[field] = max(1, min(value, max_tokens))
+    if all(bounded.get(field) is None for field in fields):
+        bounded[fields[0]] = max_tokens
+    return bounded
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -53,13 +104,14 @@ async def _read_body(request: web.Request, limit: int) -> dict[str, Any]:
 def add_llm_proxy(
     app: web.Application,
     endpoint: Callable[[], HttpLlmConfig | None],
-    max_body_bytes: int,
+    limits: ProxyLimits,
     refusal: Callable[[web.Request], web.Response | None],
 ) -> None:
     """Add the proxy routes; ``endpoint`` gives the LLM once the engine has
     started, ``refusal`` answers requests without a valid API key."""
     # One connection pool, made inside the running loop (the app is frozen by then).
     pool: list[aiohttp.ClientSession] = []
+    in_flight = [0]
 
     @checks_its_own_caller
     async def forward(request: web.Request) -> web.StreamResponse:
@@ -68,8 +120,22 @@ def add_llm_proxy(
         config = endpoint()
         if config is None:
             return _error(503, "not_ready", "the LLM is still starting")
+        if in_flight[0] >= limits.max_concurrent:
+            response = _error(
+                429, "too_many_requests", f"{limits.max_concurrent} proxy requests already run"
+            )
+            response.headers["Retry-After"] = RETRY_AFTER_S
+            return response
+        in_flight[0] += 1
         try:
-            body = await _read_body(request, max_body_bytes)
+            return await _forward(request, config)
+        finally:
+            in_flight[0] -= 1
+
+    async def _forward(request: web.Request, config: HttpLlmConfig) -> web.StreamResponse:
+        try:
+            body = await _read_body(request, limits.max_body_bytes)
+            body = bounded_body(request.path, body, limits.max_tokens)
         except ValueError as exc:
             status = 413 if "larger" in str(exc) else 400
             return _error(status, "body_too_large" if status == 413 else "invalid_body", str(exc))
