@@ -11,8 +11,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from tests.conftest import RunningServer, ServerFactory, serve_refusing_to_start
+from tests.ports import free_port
 from voice_agent.client import RealtimeClient
 from voice_agent.config import Settings
 from voice_agent.server.auth import Authenticator
@@ -194,6 +196,22 @@ async def test_a_call_is_seen_and_ended_only_by_its_maker(
     await client.hangup(http)  # DELETE with the (spent) secret the call was made with
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
     assert server.calls.ended.get("hangup") == 1
+    # A late second hang-up with that secret: the call is gone, not the caller wrong.
+    assert (await status_of(http, "DELETE", url, body["value"]))[0] == 404
+
+
+async def test_a_scraper_reads_metrics_on_its_own_port_without_a_key(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    port = free_port()
+    server = await server_factory(auth="required", api_keys=[KEY], metrics_port=port)
+    await web.TCPSite(server.runner, "127.0.0.1", port).start()  # as serve does
+    scraper = f"http://127.0.0.1:{port}"
+    status, text = await status_of(http, "GET", scraper + "/metrics", None)
+    assert status == 200 and "voice_agent_active_calls" in text
+    for path in ("/v1/stats", "/readyz", "/"):  # that port serves nothing else
+        assert (await status_of(http, "GET", scraper + path, KEY))[0] == 404
+    assert (await status_of(http, "GET", server.url + "/metrics", None))[0] == 401
 
 
 async def test_keys_configured_are_enforced_on_loopback_too(

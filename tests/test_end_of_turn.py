@@ -276,7 +276,7 @@ def test_the_words_that_leave_a_sentence_unfinished() -> None:
                  "It would be", "Well,", "Two tickets for"):  # fmt: skip
         assert words_unfinished(said), said
     for said in ("", "Call me back later.", "What is it?", "Come in.", "Thank you", "Is it?",
-                 "That's all there is to it"):  # fmt: skip
+                 "That's all there is to it", "Where are you from?", "Look at it!"):  # fmt: skip
         assert not words_unfinished(said), said
 
 

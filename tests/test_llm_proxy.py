@@ -179,7 +179,7 @@ async def test_bodies_are_held_to_the_operators_limits(
                 assert error["code"] == "invalid_body" and next(iter(extra)) in error["message"]
         assert peer.requests == []
         # The ceiling: lowered when asked for more, set when not asked for.
-        for asked, path in (({"max_tokens": 4096}, chat), ({}, chat)):
+        for asked, path in (({"max_tokens": 4096}, chat), ({"reasoning_effort": "low"}, chat)):
             peer.add(Script(text_events("chat-completions", "Hi.")))
             async with http.post(path, json={"messages": [], **asked}) as response:
                 assert response.status == 200

@@ -22,13 +22,21 @@ PLACEHOLDER_MARKS = ("replace-me", "replace_me", "changeme", "change-me", "sk-..
 class Settings(BaseSettings):
     # Lists come from the environment as "a,b" or as JSON ("[\"a\"]"): the
     # validator below reads both, so pydantic-settings must not insist on JSON.
+    # hide_input_in_errors: a refused value may be a key or a secret.
     model_config = SettingsConfigDict(
-        env_prefix="VOICE_AGENT_", extra="forbid", enable_decoding=False
+        env_prefix="VOICE_AGENT_", extra="forbid", enable_decoding=False, hide_input_in_errors=True
     )
 
     # --- signaling server -------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8080, ge=0, le=65535, description="TCP port to listen on (0 = any free).")
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="A second port, on --host, that serves only GET /metrics and needs no key "
+        "(for a scraper inside the cluster; 0 = none: /metrics is on --port, behind the keys).",
+    )
     cors_origins: list[str] = Field(
         default_factory=lambda: ["*"],
         description="Origins allowed to call the API from a browser (comma-separated; * = any).",

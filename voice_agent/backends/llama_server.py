@@ -525,8 +525,14 @@ SPIN_COUNT = "1000"
 # basics, the threading runtimes' settings, llama.cpp's own LLAMA_ARG_*
 # flags and the GPU runtimes'. Never the rest: the service's environment
 # holds its API keys, the TURN secret and the hosted LLM's key.
-CHILD_ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "LD_LIBRARY_PATH"})
-CHILD_ENV_PREFIXES = ("LC_", "OMP_", "GOMP_", "KMP_", "GGML_", "LLAMA_ARG_", "CUDA_", "NVIDIA_")
+CHILD_ENV_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "LD_PRELOAD",
+     "LLAMA_CACHE", "XDG_CACHE_HOME", "PYTHONPATH", "VIRTUAL_ENV", "HF_HOME"}
+)  # fmt: skip
+CHILD_ENV_PREFIXES = (
+    "LC_", "OMP_", "GOMP_", "KMP_", "GGML_", "LLAMA_ARG_", "LLAMA_LOG_", "OPENBLAS_", "MKL_",
+    "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "HSA_", "VK_", "ONEAPI_", "SYCL_",
+)  # fmt: skip
 
 
 def child_environment(omp_wait: OmpWait = "spin") -> dict[str, str]:

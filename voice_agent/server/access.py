@@ -7,6 +7,9 @@ credentials, the LLM proxy, and a call's ``GET``/``DELETE`` (its maker's).
 Closed by default: a route added later needs a key until it is listed
 here, so an operator's counters (``/v1/stats``: key ids, the LLM's URL and
 its errors; ``/metrics``; ``/debug``) are never open by oversight.
+
+``--metrics-port`` is the exception a scraper needs: that second port
+serves ``/metrics`` without a key and nothing else.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from voice_agent.server.admission import SETTINGS
 from voice_agent.server.auth import AUTH, AuthError
 from voice_agent.server.errors import error_response
 from voice_agent.server.route_marks import checks_own_caller
@@ -35,8 +39,18 @@ def _open(request: web.Request) -> bool:
     return match.http_exception is not None or checks_own_caller(match.handler)
 
 
+def _local_port(request: web.Request) -> int | None:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    return sockname[1] if isinstance(sockname, tuple) and len(sockname) >= 2 else None
+
+
 @web.middleware
 async def require_api_keys(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics_port = request.app[SETTINGS].metrics_port
+    if metrics_port and _local_port(request) == metrics_port:
+        if request.path != "/metrics":
+            return error_response(404, "not_found", "this port serves only /metrics")
+        return await handler(request)
     auth = request.app[AUTH]
     if not auth.required or _open(request) or auth.has_key(request.headers):
         return await handler(request)

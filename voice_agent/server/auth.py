@@ -240,6 +240,9 @@ class Authenticator:
             made_with = owner.secret_hash if owner is not None else None
             if made_with is not None and hmac.compare_digest(made_with, _hash(token)):
                 return
+            if owner is None and token.startswith(SECRET_PREFIX):
+                # Its call may have ended already (the page's hang-up comes late).
+                raise AuthError(404, "call_not_found", "no such call")
             self.refused["unauthorized"] += 1
             raise AuthError(401, "invalid_api_key", "the API key is not valid")
         if owner is not None and owner.key_id != kid:

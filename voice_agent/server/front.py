@@ -431,6 +431,8 @@ class FrontServer:
         runner = new_runner(app)
         await runner.setup()
         await web.TCPSite(runner, self.settings.host, self.settings.port).start()
+        if self.settings.metrics_port:  # /metrics only, no key (server/access.py)
+            await web.TCPSite(runner, self.settings.host, self.settings.metrics_port).start()
         self._runners.append(runner)
 
     async def start(self) -> None:

@@ -22,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 import aiohttp
 from aiohttp import web
@@ -38,10 +39,11 @@ CHAT_FIELDS = frozenset(
     _COMMON
     | {"messages", "stream_options", "max_tokens", "max_completion_tokens", "stop",
        "response_format", "parallel_tool_calls", "seed", "presence_penalty",
-       "frequency_penalty"}
+       "frequency_penalty", "reasoning_effort"}
 )  # fmt: skip
 RESPONSES_FIELDS = frozenset(
-    _COMMON | {"input", "instructions", "max_output_tokens", "text", "parallel_tool_calls"}
+    _COMMON
+    | {"input", "instructions", "max_output_tokens", "text", "parallel_tool_calls", "reasoning"}
 )
 # Each API's token limit fields: capped at the operator's ceiling, and set
 # to it when the client sends none (the upstream's default may be no limit).
@@ -59,9 +61,13 @@ class ProxyLimits:
     max_concurrent: int
 
 
-def bounded_body(path: str, body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+def bounded_body(
+    path: str, body: dict[str, Any], max_tokens: int, host: str = ""
+) -> dict[str, Any]:
     """The body within the proxy's limits, or ValueError naming what is not
-    allowed. A token limit over the ceiling is lowered to it."""
+    allowed. A token limit over the ceiling is lowered to it; with none,
+    the ceiling is set in the field the upstream takes (OpenAI's reasoning
+    models refuse ``max_tokens``)."""
     allowed = CHAT_FIELDS if path == "/v1/chat/completions" else RESPONSES_FIELDS
     refused = sorted(set(body) - allowed)
     if refused:
@@ -75,7 +81,8 @@ def bounded_body(path: str, body: dict[str, Any], max_tokens: int) -> dict[str, 
         if value is not None:
             bounded[field] = max(1, min(value, max_tokens))
     if all(bounded.get(field) is None for field in fields):
-        bounded[fields[0]] = max_tokens
+        openai = path == "/v1/chat/completions" and host.endswith("api.openai.com")
+        bounded[fields[1] if openai else fields[0]] = max_tokens
     return bounded
 
 
@@ -135,7 +142,8 @@ def add_llm_proxy(
     async def _forward(request: web.Request, config: HttpLlmConfig) -> web.StreamResponse:
         try:
             body = await _read_body(request, limits.max_body_bytes)
-            body = bounded_body(request.path, body, limits.max_tokens)
+            host = urlparse(config.base_url).hostname or ""
+            body = bounded_body(request.path, body, limits.max_tokens, host)
         except ValueError as exc:
             status = 413 if "larger" in str(exc) else 400
             return _error(status, "body_too_large" if status == 413 else "invalid_body", str(exc))

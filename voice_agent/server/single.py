@@ -22,6 +22,8 @@ class SingleServer:
         runner = new_runner(app)
         await runner.setup()
         await web.TCPSite(runner, self.settings.host, self.settings.port).start()
+        if self.settings.metrics_port:  # /metrics only, no key (server/access.py)
+            await web.TCPSite(runner, self.settings.host, self.settings.metrics_port).start()
         self._app, self._runner = app, runner
 
     async def start(self) -> None:

@@ -60,7 +60,7 @@ def words_unfinished(text: str) -> bool:
     """Whether a transcript stops where no sentence stops: on a dangling
     word or a mark that says more is coming."""
     said = text.strip()
-    if not said:
+    if not said or said.endswith(("?", "!")):  # "Where are you from?" is done
         return False
     if said.endswith(TRAILING_MARKS):
         return True

@@ -323,6 +323,9 @@ class VoiceSession:
         """The model's "complete", unless the pause's words end on one that
         no sentence ends on: then the turn goes on (to the cap, or the next
         pause). No words to check (shed, failed): the model decides."""
+        detection = self.turn_detection
+        if detection is None or detection.semantic is None:
+            return  # the settings changed while the words came: the silence decides
         if heard is not None and words_unfinished(heard.text):
             assert self._judge is not None
             self._judge.overruled()
