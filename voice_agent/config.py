@@ -19,6 +19,15 @@ MIN_SECRET_CHARS = 16
 PLACEHOLDER_MARKS = ("replace-me", "replace_me", "changeme", "change-me", "sk-...", "example")
 
 
+def weak_secret(secret: str) -> str | None:
+    """Why a key or secret is anyone's (too short, an example's), if it is."""
+    if len(secret) < MIN_SECRET_CHARS:
+        return f"shorter than {MIN_SECRET_CHARS} characters"
+    if any(mark in secret.lower() for mark in PLACEHOLDER_MARKS):
+        return "a placeholder from the examples; generate one"
+    return None
+
+
 class Settings(BaseSettings):
     # Lists come from the environment as "a,b" or as JSON ("[\"a\"]"): the
     # validator below reads both, so pydantic-settings must not insist on JSON.
@@ -669,11 +678,9 @@ class Settings(BaseSettings):
             raise ValueError("--turn-urls needs --turn-secret (the TURN server's shared secret)")
         if info.field_name == "turn_urls" and secret is not None and not value:
             raise ValueError("--turn-secret needs --turn-urls (where clients reach TURN)")
-        if info.field_name == "turn_urls" and secret is not None:
-            if len(secret) < MIN_SECRET_CHARS:
-                raise ValueError(f"--turn-secret is shorter than {MIN_SECRET_CHARS} characters")
-            if any(mark in secret.lower() for mark in PLACEHOLDER_MARKS):
-                raise ValueError("--turn-secret is a placeholder from the examples; generate one")
+        weakness = weak_secret(secret) if secret is not None else None
+        if info.field_name == "turn_urls" and weakness is not None:
+            raise ValueError(f"--turn-secret is {weakness}")
         return value
 
     @field_validator("turn_ttl_s")

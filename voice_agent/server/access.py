@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from voice_agent.server.admission import SETTINGS
+from voice_agent.server.admission import RETRY_AFTER_S, SETTINGS
 from voice_agent.server.auth import AUTH, AuthError
 from voice_agent.server.errors import error_response
 from voice_agent.server.route_marks import checks_own_caller
@@ -58,13 +58,16 @@ async def require_api_keys(request: web.Request, handler: Handler) -> web.Stream
     return error_response(401, "invalid_api_key", "this endpoint needs an API key")
 
 
-def probe_body(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
-    """What a readiness probe without a key is told: ready or not, and
+def probe_response(request: web.Request, body: dict[str, Any]) -> web.Response:
+    """A readiness answer: 200 when ``body["status"]`` is ready, else 503
+    with Retry-After. A probe without a key is told only ready or not and
     why in one word; the rest (the LLM's URL and errors, the load) only
     with a key."""
-    if request.app[AUTH].has_key(request.headers):
-        return body
-    return {k: body[k] for k in ("status", "ready") if k in body}
+    if not request.app[AUTH].has_key(request.headers):
+        body = {k: body[k] for k in ("status", "ready") if k in body}
+    if body["status"] == "ready":
+        return web.json_response(body)
+    return web.json_response(body, status=503, headers={"Retry-After": RETRY_AFTER_S})
 
 
 def manager_refusal(request: web.Request, call_id: str) -> web.Response | None:

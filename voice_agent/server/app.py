@@ -29,7 +29,7 @@ from voice_agent.loop_health import LoopHealthMonitor
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc import decoder_hop, opus_wideband
 from voice_agent.rtc.call import Call, restrict_host_addresses
-from voice_agent.server.access import manager_refusal, probe_body, require_api_keys
+from voice_agent.server.access import manager_refusal, probe_response, require_api_keys
 from voice_agent.server.admission import (
     CALL_ID_PREFIX,
     CALLS,
@@ -329,10 +329,7 @@ async def readyz(request: web.Request) -> web.StreamResponse:
         body.update(status=status, reason=engine.unready_reason)
     else:
         body["status"] = "full" if calls.full else "ready"
-    if body["status"] == "ready":
-        return web.json_response(probe_body(request, body))
-    unready = {"Retry-After": RETRY_AFTER_S}
-    return web.json_response(probe_body(request, body), status=503, headers=unready)
+    return probe_response(request, body)
 
 
 async def stats(request: web.Request) -> web.StreamResponse:

@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from voice_agent.config import MIN_SECRET_CHARS, PLACEHOLDER_MARKS, Settings
+from voice_agent.config import Settings, weak_secret
 from voice_agent.ratelimit import TokenBucket
 from voice_agent.server.errors import error_response
 from voice_agent.server.route_marks import checks_its_own_caller
@@ -91,15 +91,6 @@ def _token_bytes(token: str) -> bytes:
 
 def _hash(token: str) -> str:
     return hashlib.sha256(_token_bytes(token)).hexdigest()
-
-
-def unusable_key(key: str) -> str | None:
-    """Why a configured key must not be accepted, if it must not."""
-    if len(key) < MIN_SECRET_CHARS:
-        return f"an API key is shorter than {MIN_SECRET_CHARS} characters"
-    if any(mark in key.lower() for mark in PLACEHOLDER_MARKS):
-        return "an API key is a placeholder from the examples; generate one"
-    return None
 
 
 def read_keys_file(path: Path) -> list[str]:
@@ -160,9 +151,9 @@ class Authenticator:
                 "or VOICE_AGENT_API_KEYS, or --auth off behind your own authentication"
             )
         for key in keys if required else ():
-            why_not = unusable_key(key)
-            if why_not is not None:
-                raise AuthConfigError(f"{why_not} (key id {key_id(key)})")
+            weakness = weak_secret(key)
+            if weakness is not None:
+                raise AuthConfigError(f"an API key is {weakness} (key id {key_id(key)})")
         if required:
             log.info("authentication required", extra={"keys": len(keys), "auth": settings.auth})
         elif public:

@@ -30,7 +30,7 @@ from aiohttp import web
 from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
-from voice_agent.server.access import manager_refusal, probe_body
+from voice_agent.server.access import manager_refusal, probe_response
 from voice_agent.server.admission import (
     ENGINE,
     OFFER_LIMITS,
@@ -282,10 +282,7 @@ async def readyz(request: web.Request) -> web.StreamResponse:
         body.update(status="workers_unavailable", reason="no media worker is running")
     else:
         body["status"] = "full" if pool.full else "ready"
-    if body["status"] == "ready":
-        return web.json_response(probe_body(request, body))
-    unready = {"Retry-After": RETRY_AFTER_S}
-    return web.json_response(probe_body(request, body), status=503, headers=unready)
+    return probe_response(request, body)
 
 
 async def _worker_stats(worker: Worker) -> dict[str, Any] | None:
