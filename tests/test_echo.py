@@ -1,4 +1,4 @@
-"""Echo handling for legs without acoustic echo cancellation (issue 15).
+"""Echo handling for legs without acoustic echo cancellation.
 
 A real aiortc client acts as a speakerphone (voice_agent.client.SimulatedEcho):
 what it receives comes back into its microphone 150 ms later through a small
