@@ -1,6 +1,7 @@
 """A token bucket: a steady rate with a burst allowance, and how long until
-the next token when empty. Used per client address for offers and per
-session for data-channel events."""
+the next token when empty. Used per client address for offers, per
+session for data-channel events, and per session for appended audio (in
+seconds of audio)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ class TokenBucket:
         self.tokens = min(self.burst, self.tokens + (now - self._updated) * self.rate_per_s)
         self._updated = now
 
-    def take(self) -> float | None:
-        """Spend one token: None if there was one, else the seconds until one."""
+    def take(self, cost: float = 1.0) -> float | None:
+        """Spend ``cost`` tokens: None if there were that many, else the
+        seconds until there will be (nothing is spent then)."""
         self._refill()
-        if self.tokens >= 1:
-            self.tokens -= 1
+        if self.tokens >= cost:
+            self.tokens -= cost
             return None
-        return (1 - self.tokens) / self.rate_per_s
+        return (cost - self.tokens) / self.rate_per_s
 
     @property
     def full(self) -> bool:

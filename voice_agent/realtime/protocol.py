@@ -57,6 +57,12 @@ _CANCEL_REASONS = {
     "session_closed": "client_cancelled",
 }
 MAX_CLIENT_EVENT_BYTES = 256 * 1024
+# Events queued for a client that does not read them (a data channel whose
+# peer stops acknowledging, a WebSocket nobody reads): beyond this the call
+# ends as "slow_client". Normal traffic keeps a few KiB queued; without a
+# bound, a client asking again and again for a large item and never
+# reading grows the worker until it is killed.
+MAX_UNSENT_EVENT_BYTES = 4 * 1024 * 1024
 # Client events one session may send: a flood is throttled in that session
 # alone (its handlers run on the loop every session shares).
 EVENTS_PER_SECOND = 100

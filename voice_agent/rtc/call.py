@@ -32,7 +32,7 @@ from voice_agent import observability
 from voice_agent.audio.echo import JITTER_MARGIN_S, PLAYOUT_JITTER_MARGIN_S, EchoCanceller
 from voice_agent.config import Settings
 from voice_agent.memory import TRIMMER
-from voice_agent.realtime.protocol import RealtimeProtocol
+from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES, RealtimeProtocol
 from voice_agent.rtc import arrival_order, decoder_hop, dtmf
 from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
@@ -268,6 +268,14 @@ class Call:
             self._deliver(channel, text, event.get("type"))
 
     def _deliver(self, channel: RTCDataChannel, text: str, kind: str | None) -> None:
+        if channel.bufferedAmount + len(text) > MAX_UNSENT_EVENT_BYTES:
+            # aiortc queues without bound while the peer does not acknowledge.
+            log.warning(
+                "client not reading its events; ending the call",
+                extra={"call_id": self.id, "buffered": channel.bufferedAmount},
+            )
+            self.close_soon("slow_client")
+            return
         try:
             channel.send(text)
         except ValueError:

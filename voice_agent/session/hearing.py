@@ -11,6 +11,7 @@ the caller to repeat instead of staying silent.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -69,6 +70,10 @@ class Hearing:
         self._stt = stt
         self._stats = stats
         self._session_id = session_id
+        # One turn's decode at a time per session: the STT is shared by
+        # every call, so a client committing turn after turn would
+        # otherwise queue decodes ahead of everyone else's.
+        self._final_decode = asyncio.Lock()
 
     async def speculate(self, audio: np.ndarray, voiced_ms: int) -> Heard | None:
         """The turn so far, at a pause, at low priority; None when shed."""
@@ -93,6 +98,10 @@ class Hearing:
         and again the safe way if the fast decode is not to be trusted."""
         if early is not None and early.settled:
             return self._counted(early)
+        async with self._final_decode:
+            return await self._decode_final(audio, voiced_ms, early)
+
+    async def _decode_final(self, audio: np.ndarray, voiced_ms: int, early: Heard | None) -> Heard:
         stt = self._stt
         if early is not None and early.distrusted is not None:
             reason, fast = early.distrusted, Transcription(early.text)

@@ -34,7 +34,7 @@ from voice_agent.audio.echo import EchoCanceller
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import Settings
 from voice_agent.memory import TRIMMER
-from voice_agent.realtime.protocol import RealtimeProtocol
+from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES, RealtimeProtocol
 from voice_agent.rtc.outbound import SAMPLE_RATE, PacedAudioTrack
 from voice_agent.session.events import AssistantAudioStarted, ResponseStarted, SessionEvent
 from voice_agent.session.session import Models, SessionConfig, VoiceSession
@@ -73,6 +73,7 @@ class WebSocketCall:
             self.session, self._send_event, model_name, voice_name, settings.llm_max_tokens
         )
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue(MAX_OUTBOX)
+        self._outbox_bytes = 0  # characters queued, bounded by MAX_UNSENT_EVENT_BYTES
         self._item_of: dict[str, str] = {}  # response id -> its message item
         self._playing: tuple[str, str] | None = None  # (response id, item id)
         self._to_wire = StreamResampler(SAMPLE_RATE, WIRE_RATE)
@@ -101,6 +102,7 @@ class WebSocketCall:
 
     async def _write(self) -> None:
         while (text := await self._outbox.get()) is not None:
+            self._outbox_bytes -= len(text)
             await self._ws.send_str(text)
 
     async def _play(self) -> None:
@@ -138,8 +140,12 @@ class WebSocketCall:
     def _send_event(self, event: dict[str, Any]) -> None:
         if self._teardown is not None:
             return
+        text = json.dumps(event, separators=(",", ":"))
         try:
-            self._outbox.put_nowait(json.dumps(event, separators=(",", ":")))
+            if self._outbox_bytes + len(text) > MAX_UNSENT_EVENT_BYTES:
+                raise asyncio.QueueFull
+            self._outbox.put_nowait(text)
+            self._outbox_bytes += len(text)
         except asyncio.QueueFull:
             log.warning("client not reading its events; ending the call", extra={"id": self.id})
             self.close_soon("slow_client")

@@ -1,0 +1,176 @@
+"""A client that asks for more than it reads, or sends audio faster than
+anyone speaks, is bounded: its call ends (or its excess is dropped) and
+other calls go on. Real server, real calls: an aiortc peer whose SCTP stops
+acknowledging, a WebSocket nobody reads, a flood of appended audio."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from tests.conftest import ServerFactory
+from tests.realtime_events import typed
+from voice_agent.client import RealtimeClient
+from voice_agent.realtime.input_audio import APPEND_BURST_S, INPUT_RATE, MAX_APPEND_SPEED
+from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES
+from voice_agent.rtc.call import Call
+from voice_agent.ws.call import WebSocketCall
+
+pytestmark = pytest.mark.e2e
+
+# One item as large as an event may carry, asked for again and again: each
+# retrieval is ~200 KB the server must send.
+LARGE_TEXT = "word " * 40_000
+RETRIEVALS = 120  # ~24 MB asked for: more than the bound and any socket buffer
+
+
+def store_and_retrieve(item_id: str) -> list[dict[str, Any]]:
+    item = typed(LARGE_TEXT)
+    item["item"]["id"] = item_id
+    retrieve = {"type": "conversation.item.retrieve", "item_id": item_id}
+    return [item, *([retrieve] * RETRIEVALS)]
+
+
+def stop_acknowledging(client: RealtimeClient) -> None:
+    """The client's SCTP drops every chunk that carries data from now on:
+    it neither reads nor acknowledges, as a stalled or hostile peer."""
+    assert client.pc.sctp is not None
+    sctp = client.pc.sctp
+    receive_chunk = sctp._receive_chunk
+
+    async def drop_data(chunk: Any) -> None:
+        if type(chunk).__name__ != "DataChunk":
+            await receive_chunk(chunk)
+
+    sctp._receive_chunk = drop_data  # type: ignore[method-assign]
+
+
+async def test_a_peer_that_stops_acknowledging_is_ended_and_other_calls_go_on(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    other = RealtimeClient(server.url)
+    flooder = RealtimeClient(server.url)
+    for client in (other, flooder):
+        await client.connect(http)
+        await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    (flooding,) = [c for c in server.calls.calls() if c.id == flooder.call_url.rsplit("/", 1)[-1]]
+    assert isinstance(flooding, Call) and flooding._channel is not None
+    channel = flooding._channel
+    most_buffered = 0
+
+    def watch() -> None:  # the server's queue for this peer, after every send
+        nonlocal most_buffered
+        most_buffered = max(most_buffered, channel.bufferedAmount)
+
+    channel.on("bufferedamountlow", watch)
+    stop_acknowledging(flooder)
+    for event in store_and_retrieve("item_large"):
+        flooder.send(event)
+        watch()
+        await asyncio.sleep(0)  # let the server read as it comes
+    async with asyncio.timeout(30):
+        await flooding.closed.wait()
+    assert flooding.close_reason == "slow_client"
+    assert most_buffered <= MAX_UNSENT_EVENT_BYTES
+
+    # The other caller is still served: a turn asked for is answered aloud.
+    mark = len(other.events)
+    other.send(typed("Say hello."))
+    other.send({"type": "response.create"})
+    done = await asyncio.wait_for(other.wait_for_type("response.done", after=mark), 60)
+    assert done["response"]["status"] == "completed", done["response"]
+    await other.hangup(http)
+    await flooder.pc.close()
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+def ws_url(url: str) -> str:
+    return url.replace("http://", "ws://") + "/v1/realtime?model=default"
+
+
+async def test_a_websocket_nobody_reads_is_ended_with_bounded_memory(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    async with http.ws_connect(ws_url(server.url), protocols=("realtime",)) as ws:
+        (call,) = server.calls.calls()
+        assert isinstance(call, WebSocketCall)
+        most_queued = 0
+        for event in store_and_retrieve("item_large"):  # and never read a reply
+            await ws.send_str(json.dumps(event))
+            most_queued = max(most_queued, call._outbox_bytes)
+            if call.closed.is_set():
+                break
+        async with asyncio.timeout(30):
+            await call.closed.wait()
+        assert call.close_reason == "slow_client"
+        assert most_queued <= MAX_UNSENT_EVENT_BYTES
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+def appended(seconds: float) -> list[str]:
+    """``seconds`` of (silent) PCM16 at 24 kHz as append events of 0.5 s."""
+    pcm = np.zeros(int(seconds * INPUT_RATE), dtype="<i2").tobytes()
+    step = INPUT_RATE  # 0.5 s of 16-bit samples
+    return [
+        json.dumps(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": base64.b64encode(pcm[i : i + step]).decode(),
+            }
+        )
+        for i in range(0, len(pcm), step)
+    ]
+
+
+async def errors_until(ws: aiohttp.ClientWebSocketResponse, count: int) -> list[dict[str, Any]]:
+    errors: list[dict[str, Any]] = []
+    async with asyncio.timeout(15):
+        async for message in ws:
+            event = message.json()
+            if event["type"] == "error":
+                errors.append(event["error"])
+                if len(errors) == count:
+                    return errors
+    raise AssertionError(f"the socket closed after {errors}")
+
+
+async def test_audio_appended_far_faster_than_real_time_is_dropped_beyond_its_pace(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory()
+    flood_s = 60.0
+    async with http.ws_connect(ws_url(server.url), protocols=("realtime",)) as ws:
+        await ws.send_json(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+            }
+        )
+        started = asyncio.get_running_loop().time()
+        for text in appended(flood_s):
+            await ws.send_str(text)
+        (first,) = await errors_until(ws, 1)
+        sent_s = asyncio.get_running_loop().time() - started
+        assert first["code"] == "rate_limited" and first["param"] == "audio", first
+        # Told once a second, with what was dropped so far: one more chunk
+        # over the pace after that second says how much of the flood went.
+        await asyncio.sleep(1.1)
+        for text in appended(8.0):
+            await ws.send_str(text)
+        (second,) = await errors_until(ws, 1)
+        dropped_ms = int(second["message"].split(": ")[1].split(" ms")[0])
+        # Accepted: the allowance, plus the pace while the flood was sent.
+        most_accepted_s = APPEND_BURST_S + MAX_APPEND_SPEED * (sent_s + 1.1 + 1.0)
+        assert dropped_ms >= (flood_s + 8.0 - most_accepted_s) * 1000, (dropped_ms, sent_s)
+        assert dropped_ms <= (flood_s + 8.0 - APPEND_BURST_S) * 1000
+        # The call itself is fine: the client can go on.
+        await ws.send_json({"type": "input_audio_buffer.clear"})
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
