@@ -117,6 +117,18 @@ class Settings(BaseSettings):
         "disconnected, or no audio packet from it; at least 1 s for the latter).",
     )
     max_call_duration_s: float = Field(3600.0, gt=0, description="Hard limit on one call.")
+    ws_heartbeat_s: float = Field(
+        15.0,
+        gt=0,
+        description="WebSocket calls: ping a client silent this long; one that does not "
+        "answer within half of it is gone (its call ends as peer_lost).",
+    )
+    ws_idle_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="WebSocket calls: end a call whose client sends no event for this long "
+        "(a gateway appends audio all the time; a client that stops is holding a slot).",
+    )
     ice_servers: list[str] = Field(
         default_factory=list,
         description="STUN/TURN URLs (comma-separated). Empty by default: no public server assumed.",

@@ -35,6 +35,7 @@ from voice_agent.server.admission import (
     ENGINE,
     OFFER_LIMITS,
     RETRY_AFTER_S,
+    SETTINGS,
     SHUTTING_DOWN,
     server_full,
 )
@@ -186,7 +187,12 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
         return _unavailable(f"media worker {worker.index} did not answer")
     worker.answered(call_id)
     auth.bind_call(call_id, caller)
-    client = web.WebSocketResponse(protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES)
+    # The front answers the worker's pings, so the client's own go here.
+    client = web.WebSocketResponse(
+        protocols=(SUBPROTOCOL,),
+        max_msg_size=MAX_FRAME_BYTES,
+        heartbeat=request.app[SETTINGS].ws_heartbeat_s,
+    )
     try:
         await client.prepare(request)
         await _relay_frames(client, upstream)

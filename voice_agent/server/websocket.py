@@ -107,7 +107,11 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
             {"Retry-After": RETRY_AFTER_S},
         )
     try:
-        ws = web.WebSocketResponse(protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES)
+        ws = web.WebSocketResponse(
+            protocols=(SUBPROTOCOL,),
+            max_msg_size=MAX_FRAME_BYTES,
+            heartbeat=settings.ws_heartbeat_s,
+        )
         await ws.prepare(request)
     except BaseException:
         calls.release_reservation()

@@ -61,6 +61,8 @@ class WebSocketCall:
     ) -> None:
         self.id = call_id
         self._trim_heap = settings.malloc_trim
+        self._max_duration_s = settings.max_call_duration_s
+        self._idle_timeout_s = settings.ws_idle_timeout_s
         self._ws = ws
         self._on_closed = on_closed
         # No lead: a WebSocket client plays deltas as they come, holding none back.
@@ -91,14 +93,30 @@ class WebSocketCall:
         ]
         self.session.prefill_next_turn()
         self.protocol.send_session_created()
+        loop = asyncio.get_running_loop()
+        longest = loop.call_later(self._max_duration_s, self.close_soon, "max_duration")
+        reason = "hangup"
         try:
-            async for message in self._ws:
+            while True:
+                try:
+                    message = await self._ws.receive(timeout=self._idle_timeout_s)
+                except TimeoutError:
+                    reason = "idle_timeout"
+                    break
                 if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     self.protocol.on_client_message(message.data)
-                elif message.type == WSMsgType.ERROR:
+                elif message.type in (
+                    WSMsgType.ERROR,
+                    WSMsgType.CLOSE,
+                    WSMsgType.CLOSING,
+                    WSMsgType.CLOSED,
+                ):
                     break
         finally:
-            await self.close("hangup")
+            longest.cancel()
+            if isinstance(self._ws.exception(), TimeoutError):
+                reason = "peer_lost"  # aiohttp's heartbeat: a ping went unanswered
+            await self.close(reason)
 
     async def _write(self) -> None:
         while (text := await self._outbox.get()) is not None:
