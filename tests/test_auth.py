@@ -107,6 +107,42 @@ async def test_a_client_secret_is_bound_to_its_session_single_use_and_expires(
     assert status == 400
 
 
+async def test_a_secret_refused_for_a_full_server_is_still_good_for_the_retry(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(auth="required", api_keys=[KEY], max_calls=1)
+    first = RealtimeClient(server.url, token=KEY)
+    await first.connect(http)
+    _, body = await mint(http, server, {})
+    assert "server_full" in await refused(server, http, body["value"])
+    await first.hangup(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+    retry = RealtimeClient(server.url, token=body["value"])  # as the SDK's reconnect does
+    await retry.connect(http)
+    await asyncio.wait_for(retry.wait_for_type("session.created"), 10)
+    await retry.hangup(http)
+    assert "invalid_client_secret" in await refused(server, http, body["value"])
+
+
+async def test_a_forged_or_altered_secret_is_refused(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(auth="required", api_keys=[KEY, OTHER])
+    _, body = await mint(http, server, {"session": {"instructions": "Say banana."}})
+    kid, sealed, mac = body["value"][len("ek_") :].split(".")
+    _, other = await mint(http, server, {}, OTHER)
+    other_kid = other["value"][len("ek_") :].split(".")[0]
+    for forged in (
+        f"ek_{other_kid}.{sealed}.{mac}",  # claims another key
+        f"ek_{kid}.{sealed[:-2]}AA.{mac}",  # another session or expiry
+        f"ek_{kid}.{sealed}.{mac[:-2]}AA",  # another signature
+        f"ek_{kid}.{sealed}",
+        "ek_" + "A" * 40,
+    ):
+        assert "invalid_client_secret" in await refused(server, http, forged), forged
+    assert server.calls.calls_total == 0
+
+
 async def test_the_llm_proxy_needs_a_key(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:

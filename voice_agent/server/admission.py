@@ -49,8 +49,8 @@ def rate_limited(request: web.Request) -> web.Response | None:
 def authenticate(
     request: web.Request, headers: Mapping[str, str] | None = None
 ) -> tuple[Caller | None, web.Response | None]:
-    """Who is offering a call (an API key or a client secret, which this
-    spends), and a 401 or a per-key 429 when they may not."""
+    """Who is offering a call (an API key or a client secret, spent later,
+    once the call has a slot), and a 401 or a per-key 429 when they may not."""
     auth = request.app[AUTH]
     try:
         caller = auth.identify(headers or request.headers, allow_secret=True)
@@ -73,6 +73,17 @@ def api_key_refusal(request: web.Request) -> web.Response | None:
     except AuthError as exc:
         return error_response(exc.status, exc.code, str(exc))
     return None
+
+
+def secret_spent(request: web.Request, caller: Caller | None) -> web.Response | None:
+    """Spend the caller's client secret, now that its call has a slot (a
+    refusal before this leaves it good for a retry): a 401 if the same
+    secret was spent meanwhile."""
+    auth = request.app[AUTH]
+    if auth.spend(caller):
+        return None
+    auth.refused["unauthorized"] += 1
+    return error_response(401, "invalid_client_secret", "the client secret is expired or used")
 
 
 def too_many_calls(request: web.Request, caller: Caller | None) -> web.Response | None:

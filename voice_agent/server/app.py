@@ -42,6 +42,7 @@ from voice_agent.server.admission import (
     authenticate,
     not_serving,
     rate_limited,
+    secret_spent,
     server_full,
     too_many_calls,
 )
@@ -220,14 +221,17 @@ async def create_call(request: web.Request) -> web.StreamResponse:
         return offer
     answer: web.StreamResponse | None = None
     try:
-        answer = await _make_call(request, offer.sdp, offer.session)
+        answer = await _make_call(request, offer.sdp, offer.session, offer.caller)
         return answer
     finally:
         settle_offer(request, offer, answer)
 
 
 async def _make_call(
-    request: web.Request, sdp: str, session_config: dict[str, Any] | None
+    request: web.Request,
+    sdp: str,
+    session_config: dict[str, Any] | None,
+    caller: Caller | None,
 ) -> web.StreamResponse:
     settings, engine, calls = request.app[SETTINGS], request.app[ENGINE], request.app[CALLS]
     models = engine.models
@@ -235,6 +239,9 @@ async def _make_call(
     if not calls.reserve():
         calls.refused_full += 1
         return server_full(calls.max_calls)
+    if (refused := secret_spent(request, caller)) is not None:
+        calls.release_reservation()
+        return refused
     call: Call | None = None
     try:
         call = Call(

@@ -37,11 +37,13 @@ from voice_agent.server.admission import (
     RETRY_AFTER_S,
     SETTINGS,
     SHUTTING_DOWN,
+    secret_spent,
     server_full,
 )
 from voice_agent.server.app import (
     CALLS_PATH,
     LOOP_HEALTH,
+    Offer,
     add_shared_routes,
     admit_offer,
     new_app,
@@ -85,25 +87,27 @@ async def create_call(request: web.Request) -> web.StreamResponse:
         return offer
     answer: web.Response | None = None
     try:
-        answer = await _admit(request.app[POOL], offer.sdp, offer.session, request.remote)
+        answer = await _admit(request, offer)
         return answer
     finally:
         settle_offer(request, offer, answer)
 
 
-async def _admit(
-    pool: WorkerPool, sdp: str, session_config: dict[str, Any] | None, client: str | None
-) -> web.Response:
+async def _admit(request: web.Request, offer: Offer) -> web.Response:
     """The offer, forwarded to the least-loaded worker; 503 when none can take it."""
+    pool = request.app[POOL]
     worker = pool.reserve()
     if worker is None:
         if pool.up == 0:
             return _unavailable("no media worker is running (one is being restarted)")
         pool.refused_full += 1
         return server_full(pool.max_calls)
+    if (refused := secret_spent(request, offer.caller)) is not None:
+        worker.release()
+        return refused
     answer: web.Response | None = None
     try:
-        answer = await _forward_offer(worker, sdp, session_config, client)
+        answer = await _forward_offer(worker, offer.sdp, offer.session, request.remote)
         return answer
     finally:
         location = answer.headers.get("Location") if answer is not None else None
@@ -172,6 +176,10 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
             pool.refused_full += 1
             return server_full(pool.max_calls)
         return _unavailable("no media worker can take the call")
+    if (refused := secret_spent(request, caller)) is not None:
+        worker.release()
+        auth.release_call(caller)
+        return refused
     call_id = new_id(f"rtc_w{worker.index}")
     headers = {CALL_ID_HEADER: call_id}
     if caller is not None and caller.session is not None:

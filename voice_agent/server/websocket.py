@@ -28,6 +28,7 @@ from voice_agent.server.admission import (
     authenticate,
     not_serving,
     rate_limited,
+    secret_spent,
     too_many_calls,
 )
 from voice_agent.server.auth import AUTH, Caller
@@ -106,6 +107,10 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
             f"all {calls.max_calls} call slots are busy",
             {"Retry-After": RETRY_AFTER_S},
         )
+    if (refused := secret_spent(request, caller)) is not None:
+        calls.release_reservation()
+        auth.release_call(caller)
+        return refused
     try:
         ws = web.WebSocketResponse(
             protocols=(SUBPROTOCOL,),
