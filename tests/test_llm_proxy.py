@@ -67,17 +67,32 @@ async def test_requests_are_forwarded_with_the_server_s_model_and_key(
     assert [json.loads(d[6:]) for d in deltas] == text_events(api, "Hello ", "there.")
 
 
-async def test_upstream_errors_pass_through(
-    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+@pytest.mark.parametrize(
+    ("upstream", "status", "code"),
+    [(500, 502, "upstream_error"), (401, 502, "upstream_error"), (400, 400, "upstream_refused")],
+)
+async def test_upstream_errors_reach_the_client_as_a_generic_message(
+    engine: Engine,
+    peer: ScriptedLlmServer,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    upstream: int,
+    status: int,
+    code: str,
 ) -> None:
-    peer.add(Script(status=500))
+    peer.add(Script(status=upstream))
     settings = conftest.test_settings(enable_llm_proxy=True)
     async with (
         conftest.run_server(settings, proxied(engine, peer.base_url)) as server,
         http.post(server.url + "/v1/chat/completions", json={}) as response,
     ):
-        assert response.status == 500
-        assert "scripted failure" in (await response.json())["error"]["message"]
+        assert response.status == status
+        error = (await response.json())["error"]
+    assert error["code"] == code and f"answered {upstream}" in error["message"]
+    # The provider's words (which can name hosts or quote keys) stay in the log.
+    assert "scripted failure" not in error["message"] and peer.url not in error["message"]
+    (logged,) = [r for r in caplog.records if r.getMessage() == "llm proxy: upstream refused"]
+    assert f"scripted failure {upstream}" in logged.__dict__["body"]
 
 
 async def test_bad_bodies_and_a_dead_endpoint_get_clear_errors(

@@ -86,6 +86,34 @@ def bounded_body(
     return bounded
 
 
+# What an upstream refusal becomes for the client: its status where it
+# speaks of the client's request, else a 502 (an upstream 401 means the
+# service's own key is wrong, not the client's).
+_CLIENT_STATUSES = {400: "upstream_refused", 413: "upstream_refused", 422: "upstream_refused"}
+MAX_LOGGED_ERROR_CHARS = 2000
+
+
+async def _upstream_refused(upstream: aiohttp.ClientResponse, url: str) -> web.Response:
+    """A generic answer for an upstream error: its body (the provider's
+    message, which can name internal hosts or quote a masked key) goes to
+    the log only."""
+    try:
+        text = (await upstream.text(errors="replace"))[:MAX_LOGGED_ERROR_CHARS]
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        text = f"(body unreadable: {exc!r})"
+    finally:
+        upstream.close()
+    status = upstream.status
+    log.warning("llm proxy: upstream refused", extra={"url": url, "status": status, "body": text})
+    message = f"the LLM endpoint answered {status}; the server's log has its reason"
+    if status == 429:
+        response = _error(429, "upstream_busy", message)
+        response.headers["Retry-After"] = RETRY_AFTER_S
+        return response
+    code = _CLIENT_STATUSES.get(status)
+    return _error(status if code else 502, code or "upstream_error", message)
+
+
 def _error(status: int, code: str, message: str) -> web.Response:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return web.json_response(
@@ -164,7 +192,9 @@ def add_llm_proxy(
             upstream = await pool[0].post(url, json=body, headers=headers, timeout=timeout)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("llm proxy: upstream failed", extra={"url": url, "error": repr(exc)})
-            return _error(502, "upstream_unreachable", f"the LLM endpoint failed: {exc!r}")
+            return _error(502, "upstream_unreachable", "the LLM endpoint could not be reached")
+        if upstream.status >= 400:
+            return await _upstream_refused(upstream, url)
         try:
             response = web.StreamResponse(
                 status=upstream.status,
