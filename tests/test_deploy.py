@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import resource
@@ -74,7 +75,137 @@ def test_the_kubernetes_manifests_validate() -> None:
     output = run(tool("kubernetes-validate"), "--strict", *manifests)
     # Every object was checked against a schema, none skipped.
     kinds = {"statefulset", "service", "poddisruptionbudget", "horizontalpodautoscaler"}
+    kinds |= {"deployment", "configmap"}
     assert all(f"resource {kind}/" in output for kind in kinds), output
+
+
+# --- the TURN relay: deploy/coturn/, as compose and Kubernetes run it -----------
+
+COTURN = DEPLOY / "coturn"
+
+# Networks no caller may reach through the relay (coturn itself refuses the
+# unspecified address ::, so IPv6 ranges start after it).
+DENIED_NETWORKS = [
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "255.255.255.255/32",
+    "::1/128",
+    "fc00::/7",
+    "fe80::/10",
+    "ff00::/8",
+    "::ffff:0:0/96",
+]
+
+
+def coturn_settings() -> list[tuple[str, str]]:
+    """The shipped turnserver.conf as (option, value) pairs, in order."""
+    settings = []
+    for line in (COTURN / "turnserver.conf").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            settings.append((key.strip(), value.strip()))
+    return settings
+
+
+def test_the_shipped_coturn_config_relays_udp_only_within_quotas() -> None:
+    settings = dict(coturn_settings())
+    for flag in ("use-auth-secret", "no-tcp-relay", "no-multicast-peers", "no-cli"):
+        assert flag in settings, flag
+    for flag in ("no-tls", "no-dtls"):
+        assert flag in settings, flag
+    # Nothing that opens loopback, no secret and no allowed peer: those are
+    # each deployment's (start.sh adds them).
+    for flag in ("allow-loopback-peers", "static-auth-secret", "allowed-peer-ip", "cert"):
+        assert flag not in settings, flag
+    for quota in ("user-quota", "total-quota", "max-bps"):
+        assert int(settings[quota]) > 0, quota
+    assert 0 < int(settings["stale-nonce"]) <= 3600
+    assert 0 < int(settings["max-allocate-lifetime"]) <= 3600
+
+
+def test_the_shipped_coturn_config_denies_every_private_and_local_network() -> None:
+    ranges = []
+    for key, value in coturn_settings():
+        if key == "denied-peer-ip":
+            first, _, last = value.partition("-")
+            ranges.append((ipaddress.ip_address(first), ipaddress.ip_address(last or first)))
+    # coturn reads a range starting at :: as one starting anywhere, in
+    # either address family: it would deny every IPv4 peer too.
+    assert ipaddress.ip_address("::") not in {first for first, _ in ranges}
+    for network in map(ipaddress.ip_network, DENIED_NETWORKS):
+        low, high = int(network[0]), int(network[-1])
+        assert any(
+            first.version == network.version and int(first) <= low and high <= int(last)
+            for first, last in ranges
+        ), f"{network} is not denied"
+
+
+def yaml_documents(path: Path) -> list[Any]:
+    """A YAML file's documents, read by the deploy tools' Python (yamllint
+    brings PyYAML there; this venv has no type information for it)."""
+    script = (
+        "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))"
+    )
+    documents: list[Any] = json.loads(run(tool("python"), "-c", script, str(path)))
+    return documents
+
+
+def test_no_deploy_file_puts_the_turn_secret_on_a_command_line() -> None:
+    for path in DEPLOY.rglob("*"):
+        if path.is_file():
+            assert "--static-auth-secret" not in path.read_text(errors="replace"), path
+
+
+def test_compose_runs_coturn_with_the_shipped_config() -> None:
+    (compose,) = yaml_documents(DEPLOY / "compose.yaml")
+    coturn = compose["services"]["coturn"]
+    assert coturn["entrypoint"] == ["/bin/sh", "/etc/coturn/start.sh"]
+    assert "./coturn:/etc/coturn:ro" in coturn["volumes"]
+    assert "/tmp" in coturn["tmpfs"]
+    # "-n" would make coturn skip its config file.
+    assert "-n" not in coturn["command"]
+    assert not any("secret" in arg for arg in coturn["command"]), coturn["command"]
+    assert coturn["environment"]["TURN_SECRET"].startswith("${TURN_SECRET:?")
+    assert "TURN_ALLOWED_PEER_IP" in coturn["environment"]
+
+
+def test_kubernetes_runs_coturn_with_the_shipped_config_and_the_secret_as_a_file() -> None:
+    documents = {doc["kind"]: doc for doc in yaml_documents(DEPLOY / "k8s" / "coturn.yaml")}
+    # The ConfigMap holds the shipped files exactly.
+    data = documents["ConfigMap"]["data"]
+    assert data == {
+        "turnserver.conf": (COTURN / "turnserver.conf").read_text(),
+        "start.sh": (COTURN / "start.sh").read_text(),
+    }
+    pod = documents["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["/bin/sh", "/etc/coturn/start.sh"]
+    assert "-n" not in container["args"]
+    assert not any("secret" in arg.lower() for arg in container["args"]), container["args"]
+    env = {item["name"]: item for item in container["env"]}
+    # The secret is a file, not an environment variable.
+    assert not any("valueFrom" in item for item in container["env"]), container["env"]
+    assert env["TURN_ALLOWED_PEER_IP"]["value"]
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    assert mounts["config"] == "/etc/coturn"
+    assert volumes["config"]["configMap"]["name"] == documents["ConfigMap"]["metadata"]["name"]
+    secret = volumes["turn-secret"]["secret"]
+    assert secret["secretName"] == "voice-agent"
+    (item,) = secret["items"]
+    assert item["key"] == "turn-secret"
+    assert env["TURN_SECRET_FILE"]["value"] == f"{mounts['turn-secret']}/{item['path']}"
+    # The generated config, secret included, stays in memory.
+    assert volumes["tmp"]["emptyDir"]["medium"] == "Memory"
 
 
 # --- the image and compose: need podman ----------------------------------------
@@ -225,10 +356,12 @@ async def test_compose_relays_a_call_through_its_turn_server(
         "TURN_MIN_PORT": str(relay_low),
         "TURN_MAX_PORT": str(relay_low + 100),
         # Everything on loopback: coturn listens and relays there, and may
-        # relay to the server's loopback host candidates.
+        # relay to the server's loopback host candidates (127.0.0.1 only:
+        # the shipped deny list keeps the rest of loopback closed).
         "TURN_PUBLIC_HOST": "127.0.0.1",
         "TURN_LISTENING_IP": "127.0.0.1",
         "TURN_RELAY_IP": "127.0.0.1",
+        "TURN_ALLOWED_PEER_IP": "127.0.0.1",
         "TURN_PEER_FLAG": "--allow-loopback-peers",
         "ICE_HOST_ADDRESSES": '["127.0.0.1"]',
     }
