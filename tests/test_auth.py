@@ -143,6 +143,31 @@ async def test_a_forged_or_altered_secret_is_refused(
     assert server.calls.calls_total == 0
 
 
+async def test_secrets_ice_credentials_and_the_proxy_share_a_rate_per_key(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(
+        auth="required", api_keys=[KEY, OTHER], requests_per_minute_per_key=3, enable_llm_proxy=True
+    )
+    assert (await mint(http, server, {}))[0] == 200
+    assert (await mint(http, server, {}))[0] == 200
+    assert (await status_of(http, "GET", server.url + "/v1/ice-servers", KEY))[0] == 200
+    status, body = await mint(http, server, {})  # the fourth in a minute
+    assert status == 429 and body["error"]["code"] == "rate_limited", body
+    assert (await status_of(http, "GET", server.url + "/v1/ice-servers", KEY))[0] == 429
+    proxied = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with http.post(
+        server.url + "/v1/chat/completions", json=proxied, headers=headers
+    ) as response:
+        assert response.status == 429 and int(response.headers["Retry-After"]) >= 1
+    # Another key has its own budget, and calls are not counted against it.
+    assert (await mint(http, server, {}, OTHER))[0] == 200
+    client = RealtimeClient(server.url, token=KEY)
+    await client.connect(http)
+    await client.hangup(http)
+
+
 async def test_the_llm_proxy_needs_a_key(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:

@@ -100,6 +100,13 @@ class Settings(BaseSettings):
         description="New calls one API key may offer per minute, its client secrets included "
         "(0 = no limit; over it: 429 with Retry-After).",
     )
+    requests_per_minute_per_key: int = Field(
+        600,
+        ge=0,
+        description="Client secrets, ICE credentials (GET /v1/ice-servers) and LLM proxy "
+        "requests one API key (or, with auth off, one address) may ask for per minute, "
+        "together (0 = no limit; over it: 429 with Retry-After).",
+    )
     max_calls_per_key: int = Field(
         0,
         ge=0,

@@ -16,7 +16,7 @@ from voice_agent.engine import Engine
 from voice_agent.server.auth import AUTH, AuthError, Caller
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.errors import error_response
-from voice_agent.server.limits import OfferRateLimiter, retry_after
+from voice_agent.server.limits import ClientRateLimiter, request_rate_refusal, retry_after
 
 RETRY_AFTER_S = "5"
 
@@ -25,7 +25,7 @@ CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
 # Set once shutdown begins (an Event: the app itself is frozen by then).
 SHUTTING_DOWN: web.AppKey[asyncio.Event] = web.AppKey("shutting_down", asyncio.Event)
-OFFER_LIMITS: web.AppKey[OfferRateLimiter] = web.AppKey("offer_limits", OfferRateLimiter)
+OFFER_LIMITS: web.AppKey[ClientRateLimiter] = web.AppKey("offer_limits", ClientRateLimiter)
 # "rtc" in one process; "rtc_w3" in media worker 3, so its parent can route
 # a call's requests to the worker that owns it.
 CALL_ID_PREFIX: web.AppKey[str] = web.AppKey("call_id_prefix", str)
@@ -67,12 +67,13 @@ def authenticate(
 
 
 def api_key_refusal(request: web.Request) -> web.Response | None:
-    """401 unless the request carries an API key (when keys are required)."""
+    """401 unless the request carries an API key (when keys are required),
+    or 429 when that key has made too many requests lately."""
     try:
-        request.app[AUTH].identify(request.headers, allow_secret=False)
+        caller = request.app[AUTH].identify(request.headers, allow_secret=False)
     except AuthError as exc:
         return error_response(exc.status, exc.code, str(exc))
-    return None
+    return request_rate_refusal(request, caller.key_id if caller is not None else None)
 
 
 def secret_spent(request: web.Request, caller: Caller | None) -> web.Response | None:

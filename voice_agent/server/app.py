@@ -59,7 +59,7 @@ from voice_agent.server.debug import add_debug_routes
 from voice_agent.server.drain import DRAINING
 from voice_agent.server.errors import error_response
 from voice_agent.server.ice_servers import add_ice_servers_route
-from voice_agent.server.limits import OfferRateLimiter
+from voice_agent.server.limits import REQUEST_LIMITS, ClientRateLimiter
 from voice_agent.server.llm_proxy import ProxyLimits, add_llm_proxy
 from voice_agent.server.metrics import LiveState, metrics_response, render
 from voice_agent.server.public_url import call_location, path_prefix
@@ -500,7 +500,8 @@ def new_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[AUTH] = Authenticator.from_settings(settings)
-    app[OFFER_LIMITS] = OfferRateLimiter(settings.offers_per_minute)
+    app[OFFER_LIMITS] = ClientRateLimiter(settings.offers_per_minute)
+    app[REQUEST_LIMITS] = ClientRateLimiter(settings.requests_per_minute_per_key)
     app[SHUTTING_DOWN] = asyncio.Event()
     # Every process that runs a loop for clients watches it (the front too).
     loop_health = app[LOOP_HEALTH] = LoopHealthMonitor(settings.loop_stall_ms / 1000.0)

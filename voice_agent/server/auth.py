@@ -49,6 +49,7 @@ from aiohttp import web
 from voice_agent.config import Settings, weak_secret
 from voice_agent.ratelimit import TokenBucket
 from voice_agent.server.errors import error_response
+from voice_agent.server.limits import request_rate_refusal
 from voice_agent.server.route_marks import checks_its_own_caller
 
 log = logging.getLogger(__name__)
@@ -418,9 +419,12 @@ async def create_client_secret(request: web.Request) -> web.StreamResponse:
     key, a single-use ``ek_`` secret bound to ``session``."""
     auth = request.app[AUTH]
     try:
-        caller = auth.identify(request.headers, allow_secret=False) or Caller("local")
+        identified = auth.identify(request.headers, allow_secret=False)
     except AuthError as exc:
         return error_response(exc.status, exc.code, str(exc))
+    if refused := request_rate_refusal(request, identified.key_id if identified else None):
+        return refused
+    caller = identified or Caller("local")
     raw = await request.content.read(MAX_SECRET_REQUEST_BYTES + 1)
     if len(raw) > MAX_SECRET_REQUEST_BYTES:
         return error_response(413, "body_too_large", "request body is too large")

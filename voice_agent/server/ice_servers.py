@@ -18,6 +18,7 @@ from voice_agent.rtc.turn import client_ice_servers
 from voice_agent.server.admission import SETTINGS
 from voice_agent.server.auth import AUTH, AuthError
 from voice_agent.server.errors import error_response
+from voice_agent.server.limits import request_rate_refusal
 from voice_agent.server.route_marks import checks_its_own_caller
 
 ICE_SERVERS_PATH = "/v1/ice-servers"
@@ -29,6 +30,8 @@ async def ice_servers(request: web.Request) -> web.StreamResponse:
         caller = request.app[AUTH].identify(request.headers, allow_secret=False)
     except AuthError as exc:
         return error_response(exc.status, exc.code, str(exc))
+    if (refused := request_rate_refusal(request, caller.key_id if caller else None)) is not None:
+        return refused
     servers, expires_at = client_ice_servers(
         request.app[SETTINGS], caller.key_id if caller is not None else "anonymous"
     )

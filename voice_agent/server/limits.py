@@ -1,25 +1,30 @@
-"""Per-client rate limits on new calls: a token bucket of offers per client
-address, so one client's flood of offers (good or bad) is answered 429 with
-Retry-After while other clients go on calling."""
+"""Per-client rate limits: a token bucket per client (an address, or an
+API key), so one client's flood (good requests or bad) is answered 429
+with Retry-After while other clients go on. Used for offers per client
+address, and for the requests an API key makes besides calls: client
+secrets, ICE credentials, the LLM proxy."""
 
 from __future__ import annotations
 
 import math
 
+from aiohttp import web
+
 from voice_agent.ratelimit import TokenBucket
+from voice_agent.server.errors import error_response
 
 MAX_TRACKED_CLIENTS = 10_000  # bounded memory under a flood from many addresses
 
 
-class OfferRateLimiter:
+class ClientRateLimiter:
     def __init__(self, per_minute: int) -> None:
         self.per_minute = per_minute
         self._buckets: dict[str, TokenBucket] = {}
         self.refused = 0
 
     def take(self, client: str) -> float | None:
-        """Spend one offer for ``client``: None if allowed, else the seconds
-        until the next one would be."""
+        """Spend one request for ``client``: None if allowed, else the
+        seconds until the next one would be."""
         if self.per_minute <= 0:
             return None  # off
         bucket = self._buckets.get(client)
@@ -42,3 +47,23 @@ class OfferRateLimiter:
 
 def retry_after(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
+
+
+# Per API key (per address with auth off): client secrets, ICE credentials
+# and LLM proxy requests, together.
+REQUEST_LIMITS: web.AppKey[ClientRateLimiter] = web.AppKey("request_limits", ClientRateLimiter)
+
+
+def request_rate_refusal(request: web.Request, key_id: str | None) -> web.Response | None:
+    """429 when the caller's API key (or address, with auth off) has made
+    more than --requests-per-minute-per-key requests lately."""
+    limits = request.app[REQUEST_LIMITS]
+    wait_s = limits.take(key_id or f"address {request.remote}")
+    if wait_s is None:
+        return None
+    return error_response(
+        429,
+        "rate_limited",
+        f"more than {limits.per_minute} requests a minute with this API key",
+        {"Retry-After": retry_after(wait_s)},
+    )
