@@ -3,6 +3,7 @@ variables (``VOICE_AGENT_*``), an optional TOML/JSON config file, and defaults."
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import tomllib
 from pathlib import Path
@@ -45,6 +46,12 @@ class Settings(BaseSettings):
         le=65535,
         description="A second port, on --host, that serves only GET /metrics and needs no key "
         "(for a scraper inside the cluster; 0 = none: /metrics is on --port, behind the keys).",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Reverse proxies (addresses or networks, comma-separated) whose "
+        "X-Forwarded-For names the client: per-address limits then count the client, not the "
+        "proxy. From any other peer the header is ignored (anyone can send it).",
     )
     cors_origins: list[str] = Field(
         default_factory=lambda: ["*"],
@@ -648,6 +655,7 @@ class Settings(BaseSettings):
 
     @field_validator(
         "cors_origins",
+        "trusted_proxies",
         "ice_servers",
         "ice_host_addresses",
         "api_keys",
@@ -665,6 +673,18 @@ class Settings(BaseSettings):
                 raise ValueError("a JSON list that does not parse") from None
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_are_networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"--trusted-proxies: {entry!r} is not an address or network"
+                ) from None
         return value
 
     @field_validator("output_lead_ms")

@@ -58,6 +58,7 @@ from voice_agent.server.calls import CallRegistry
 from voice_agent.server.debug import add_debug_routes
 from voice_agent.server.drain import DRAINING
 from voice_agent.server.errors import error_response
+from voice_agent.server.forwarded import trusted_proxies_middleware
 from voice_agent.server.ice_servers import add_ice_servers_route
 from voice_agent.server.limits import REQUEST_LIMITS, ClientRateLimiter
 from voice_agent.server.llm_proxy import ProxyLimits, add_llm_proxy
@@ -495,7 +496,12 @@ def new_app(settings: Settings) -> web.Application:
     process that faces clients has (one process, or the front of workers)."""
     # aiohttp's own body limit sits above ours so oversized offers get our 413.
     app = web.Application(
-        middlewares=[cors_middleware(settings.cors_origins), json_errors, require_api_keys],
+        middlewares=[
+            trusted_proxies_middleware(settings.trusted_proxies),
+            cors_middleware(settings.cors_origins),
+            json_errors,
+            require_api_keys,
+        ],
         client_max_size=settings.max_offer_bytes * 2,
     )
     app[SETTINGS] = settings
