@@ -169,6 +169,25 @@ async def test_a_worker_that_dies_is_restarted_and_the_other_workers_calls_go_on
         await client.hangup(http)
 
 
+async def test_a_worker_that_hangs_does_not_hold_the_clients_request(
+    workers_server: WorkersServer, http: aiohttp.ClientSession
+) -> None:
+    server = workers_server
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    index = int(location(client).split("_w")[1].split("_")[0])
+    pid = (await server.json(http, "/readyz"))["workers"][index]["pid"]
+    os.kill(pid, signal.SIGSTOP)  # alive, connected, never answering
+    try:
+        async with asyncio.timeout(30):
+            async with http.delete(server.url + location(client)) as deleted:
+                assert deleted.status == 503, await deleted.text()
+                assert (await deleted.json())["error"]["code"] == "workers_unavailable"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await client.hangup(http)
+
+
 def descendants(pid: int) -> list[int]:
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return [int(c) for c in children] + [d for c in children for d in descendants(int(c))]

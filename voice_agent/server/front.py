@@ -71,6 +71,12 @@ log = logging.getLogger(__name__)
 
 POOL: web.AppKey[WorkerPool] = web.AppKey("pool", WorkerPool)
 WORKER_STATS_TIMEOUT_S = 2.0
+# Every other request to a worker, whole: a worker that hangs (stopped, or
+# its loop stalled) must not hold the client's request, and its slot, for
+# ever. An offer's answer includes gathering ICE candidates (about a
+# second with TURN); a hang-up or a look-up is local.
+WORKER_OFFER_TIMEOUT = aiohttp.ClientTimeout(total=30, sock_connect=5)
+WORKER_REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=10, sock_connect=5)
 # Headers of a worker's answer that mean something to the client.
 FORWARDED_HEADERS = ("Location", "Retry-After")
 
@@ -140,10 +146,10 @@ async def _forward_offer(
         # A client that goes away cancels this handler and so this request:
         # the worker's handler is cancelled in turn and releases the call.
         async with worker.http.post(
-            worker.base_url + CALLS_PATH, data=body, headers=headers
+            worker.base_url + CALLS_PATH, data=body, headers=headers, timeout=WORKER_OFFER_TIMEOUT
         ) as answer:
             return await _relay(answer)
-    except aiohttp.ClientError as exc:
+    except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("offer not delivered", extra={"worker": worker.index, "error": str(exc)})
         return _unavailable(f"media worker {worker.index} did not answer")
 
@@ -185,10 +191,11 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
     if caller is not None and caller.session is not None:
         headers[SESSION_HEADER] = json.dumps(caller.session, separators=(",", ":"))
     try:
-        upstream = await worker.http.ws_connect(
-            worker.base_url + REALTIME_PATH, headers=headers, max_msg_size=MAX_FRAME_BYTES
-        )
-    except aiohttp.ClientError as exc:
+        async with asyncio.timeout(WORKER_REQUEST_TIMEOUT.total):  # the handshake only
+            upstream = await worker.http.ws_connect(
+                worker.base_url + REALTIME_PATH, headers=headers, max_msg_size=MAX_FRAME_BYTES
+            )
+    except (aiohttp.ClientError, TimeoutError) as exc:
         worker.release()
         auth.release_call(caller)
         log.warning("websocket not relayed", extra={"worker": worker.index, "error": str(exc)})
@@ -246,8 +253,12 @@ async def delete_call(request: web.Request) -> web.StreamResponse:
     if worker is None or worker.http is None:
         return error_response(404, "call_not_found", "no such call")
     try:
-        async with worker.http.delete(f"{worker.base_url}{CALLS_PATH}/{call_id}") as answer:
+        async with worker.http.delete(
+            f"{worker.base_url}{CALLS_PATH}/{call_id}", timeout=WORKER_REQUEST_TIMEOUT
+        ) as answer:
             return await _relay(answer)
+    except TimeoutError:
+        return _unavailable(f"media worker {worker.index} did not answer in time")
     except aiohttp.ClientError:
         return error_response(404, "call_not_found", "no such call (its worker is gone)")
 
@@ -264,9 +275,11 @@ async def get_call(request: web.Request) -> web.StreamResponse:
     if worker.http is None:
         return web.json_response({"id": call_id, "status": "active"})
     try:  # the worker that owns the call knows its details (echo cancellation)
-        async with worker.http.get(f"{worker.base_url}{CALLS_PATH}/{call_id}") as answer:
+        async with worker.http.get(
+            f"{worker.base_url}{CALLS_PATH}/{call_id}", timeout=WORKER_REQUEST_TIMEOUT
+        ) as answer:
             return await _relay(answer)
-    except aiohttp.ClientError:
+    except (aiohttp.ClientError, TimeoutError):
         return web.json_response({"id": call_id, "status": "active"})
 
 
