@@ -1,13 +1,15 @@
 """Property-based fuzzing (hypothesis) of everything a client can send: the
-signaling requests, the LLM proxy's bodies and the data-channel events.
+signaling requests, the LLM proxy's bodies, the data-channel events, and,
+with keys required, forged keys and client secrets on every endpoint.
 
 Each property runs against the real server (and, for events, a real aiortc
 peer) on the test's event loop; hypothesis runs in a thread of its own and
 hands each request to the loop, so one test holds a whole run: what the
 process holds is counted before and after, and a real call is answered at
 the end. Derandomized, with no example database: every run tries the same
-1,600 cases (1,000 signaling requests, 400 proxy bodies, 200 data-channel
-messages), in 30-45 s on this 2-core machine, depending on its other load.
+2,000 cases (1,000 signaling requests, 400 proxy bodies, 200 data-channel
+messages, 400 forged tokens), in 30-50 s on this 2-core machine, depending
+on its other load.
 
 Each failure it found was fixed in the code and has a regression test of its
 own (test_signaling, test_llm_proxy, test_protocol, test_bad_events).
@@ -395,4 +397,111 @@ async def test_fuzzed_data_channel_events_get_error_events_and_the_call_goes_on(
     await answers_aloud(client)
     await client.hangup(http)
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+    assert_nothing_left(before)
+
+
+KEY = "sk-fuzz-key-0123456789"
+OTHER_KEY = "sk-fuzz-other-0123456789"
+
+
+def forged(secret: str, other_key_secret: str) -> st.SearchStrategy[str]:
+    """Tokens made from a real client secret that must all be refused:
+    every part swapped, cut, flipped or padded, and some that are not one."""
+    kid, sealed, mac = secret[len("ek_") :].split(".")
+    other_kid = other_key_secret[len("ek_") :].split(".")[0]
+
+    def flipped(text: str, at: int) -> str:
+        at %= len(text)
+        swap = "A" if text[at] != "A" else "B"
+        return text[:at] + swap + text[at + 1 :]
+
+    return st.one_of(
+        st.integers(0, 10_000).map(lambda i: f"ek_{kid}.{flipped(sealed, i)}.{mac}"),
+        st.integers(0, 10_000).map(lambda i: f"ek_{kid}.{sealed}.{flipped(mac, i)}"),
+        st.integers(1, len(secret) - 1).map(lambda i: secret[:i]),
+        st.just(f"ek_{other_kid}.{sealed}.{mac}"),
+        st.just(f"ek_{kid}.{sealed}.{mac}="),
+        st.just(f"ek_{kid}.{sealed}.{mac}.{mac}"),
+        st.text(min_size=1, max_size=200).map(lambda t: "ek_" + t),
+        st.text(min_size=1, max_size=200),
+        st.sampled_from([KEY[:-1], KEY + "x", KEY.upper(), f"ek_{KEY}", "ék_" + secret[3:]]),
+    )
+
+
+async def test_forged_keys_and_secrets_get_a_401_on_every_endpoint(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(
+        auth="required",
+        api_keys=[KEY, OTHER_KEY],
+        offers_per_minute=0,
+        requests_per_minute_per_key=0,
+        max_calls=50,
+    )
+    pc, offer = await real_offer()
+    await pc.close()
+    as_key = {"Authorization": f"Bearer {KEY}"}
+    async with http.post(server.url + "/v1/realtime/client_secrets", json={}, headers=as_key) as r:
+        secret = (await r.json())["value"]
+    other = {"Authorization": f"Bearer {OTHER_KEY}"}
+    async with http.post(server.url + "/v1/realtime/client_secrets", json={}, headers=other) as r:
+        other_secret = (await r.json())["value"]
+    warm = RealtimeClient(server.url, token=KEY)  # lazily made pools are no leak
+    await warm.connect(http)
+    await warm.hangup(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+    before = held()
+    # A live call of the key's, for the endpoints that manage one.
+    owned = RealtimeClient(server.url, token=KEY)
+    await owned.connect(http)
+    call_path = owned.location
+    assert call_path is not None
+    on_loop = OnLoop(asyncio.get_running_loop())
+    endpoints = [
+        ("POST", CALLS, offer.encode(), "application/sdp"),
+        ("POST", "/v1/realtime/client_secrets", b"{}", "application/json"),
+        ("GET", "/v1/ice-servers", None, None),
+        ("GET", "/v1/stats", None, None),
+        ("GET", call_path, None, None),
+        ("DELETE", call_path, None, None),
+    ]
+    statuses: dict[int, int] = {}
+
+    async def refused(token: str, endpoint: int) -> None:
+        method, path, body, content_type = endpoints[endpoint]
+        logged = len(errors.records)
+        headers = {"Authorization": f"Bearer {token}"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        try:
+            async with http.request(
+                method, server.url + path, data=body, headers=headers
+            ) as response:
+                status, answer = response.status, await response.read()
+        except ValueError:
+            return  # a header aiohttp itself will not send (a line break, say)
+        assert_none_logged(errors, logged)
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status == 401, (method, path, token[:80], status, answer[:200])
+        assert_json_error(status, dict(response.headers), answer)
+
+    @settings(FUZZ, max_examples=400)
+    @given(token=forged(secret, other_secret), endpoint=st.integers(0, len(endpoints) - 1))
+    def forged_tokens(token: str, endpoint: int) -> None:
+        on_loop(refused(token, endpoint))
+
+    with Logged(level=logging.ERROR) as errors:
+        await fuzz(forged_tokens)
+        held()
+    assert_none_logged(errors, 0)
+    assert statuses == {401: sum(statuses.values())} and statuses[401] > 300, statuses
+    assert len(server.calls) == 1  # the owned call, untouched
+    # The real secret and key still work after all that.
+    client = RealtimeClient(server.url, token=secret)
+    await client.connect(http)
+    await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    await client.hangup(http)
+    await owned.hangup(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+    del owned, client  # closed; held here, they would count as leaks
     assert_nothing_left(before)

@@ -245,7 +245,9 @@ class Authenticator:
         signed = f"{kid}.{sealed}".encode("ascii", "replace")
         expected = hmac.new(signing, signed, hashlib.sha256).digest()
         try:
-            if not hmac.compare_digest(_unb64(mac), expected):
+            # Canonical only: base64's unused low bits would let another
+            # string stand for the same signature.
+            if not hmac.compare_digest(_unb64(mac), expected) or _b64(expected) != mac:
                 return None
             payload = json.loads(zlib.decompress(_unb64(sealed)))
         except (binascii.Error, ValueError, zlib.error, RecursionError):
