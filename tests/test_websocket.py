@@ -142,3 +142,26 @@ async def test_a_websocket_without_a_key_is_refused_before_the_upgrade(
     ) as ws:
         (created,) = await events_until(ws, "session.created", 10)
         assert created["type"] == "session.created"
+
+
+async def test_a_secret_bound_to_a_bad_session_gets_a_whole_error_event_and_no_call(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    key = "sk-ws-test-01234567"
+    server = await server_factory(auth="required", api_keys=[key])
+    body = {"session": {"instructions": 5}}  # minted as given: checked when it is used
+    headers = {"Authorization": f"Bearer {key}"}
+    async with http.post(
+        server.url + "/v1/realtime/client_secrets", json=body, headers=headers
+    ) as minted:
+        secret = (await minted.json())["value"]
+    async with http.ws_connect(
+        ws_url(server), protocols=("realtime", f"openai-insecure-api-key.{secret}")
+    ) as ws:
+        (refused,) = await events_until(ws, "error", 10)
+        # The shape every error event has: its own id, and a code and param to act on.
+        assert refused["event_id"].startswith("event_")
+        assert refused["error"]["code"] == "invalid_type"
+        assert refused["error"]["param"] == "session.instructions"
+        assert (await ws.receive()).type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)

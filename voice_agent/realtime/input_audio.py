@@ -27,7 +27,7 @@ import numpy as np
 
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.ratelimit import TokenBucket
-from voice_agent.realtime.errors import ClientEventError
+from voice_agent.realtime.errors import ClientEventError, error_event
 from voice_agent.session.input import MIN_COMMIT_MS
 from voice_agent.session.session import VoiceSession
 from voice_agent.stages.turns import SAMPLE_RATE
@@ -81,18 +81,15 @@ class InputAudioEvents:
             return
         self._dropped_told = now
         self._send(
-            {
-                "type": "error",
-                "error": {
-                    "type": "invalid_request_error",
-                    "code": "rate_limited",
-                    "message": f"audio appended faster than {MAX_APPEND_SPEED:g}x real time "
-                    f"(after a {APPEND_BURST_S:g} s allowance): {self.dropped_ms} ms of it "
-                    "dropped so far",
-                    "param": "audio",
-                    "event_id": event_id if isinstance(event_id, str) else None,
-                },
-            }
+            error_event(
+                "invalid_request_error",
+                "rate_limited",
+                f"audio appended faster than {MAX_APPEND_SPEED:g}x real time "
+                f"(after a {APPEND_BURST_S:g} s allowance): {self.dropped_ms} ms of it "
+                "dropped so far",
+                "audio",
+                event_id if isinstance(event_id, str) else None,
+            )
         )
 
     def commit(self, event: JsonDict) -> None:

@@ -16,6 +16,7 @@ from voice_agent import strict_json
 from voice_agent.ratelimit import TokenBucket
 from voice_agent.realtime import tool_items
 from voice_agent.realtime.errors import ClientEventError as ClientEventError  # re-exported
+from voice_agent.realtime.errors import error_event
 from voice_agent.realtime.input_audio import InputAudioEvents
 from voice_agent.realtime.items import ItemEvents, ItemLog
 from voice_agent.realtime.response_options import parse_response_options
@@ -337,7 +338,7 @@ class RealtimeProtocol:
         if isinstance(event, FunctionCallRequested):
             return self._function_call(event)
         if isinstance(event, SessionError):
-            return [self._error("server_error", event.code, event.message)]
+            return [error_event("server_error", event.code, event.message)]
         raise AssertionError(f"unhandled session event {event!r}")
 
     def _user_transcript(self, event: UserTranscript) -> list[JsonDict]:
@@ -520,30 +521,11 @@ class RealtimeProtocol:
         metadata["speculative"] = str(event.metrics.speculative).lower()
         return {**metadata, **asked}
 
-    def _error(
-        self,
-        error_type: str,
-        code: str,
-        message: str,
-        param: str | None = None,
-        event_id: str | None = None,
-    ) -> JsonDict:
-        return {
-            "type": "error",
-            "error": {
-                "type": error_type,
-                "code": code,
-                "message": message,
-                "param": param,
-                "event_id": event_id,
-            },
-        }
-
     def undeliverable(self, kind: str | None, size: int) -> JsonDict:
         """The error sent in place of an event too large for the peer."""
         return {
             "event_id": new_id("event"),
-            **self._error(
+            **error_event(
                 "invalid_request_error",
                 "event_too_large",
                 f"a {kind or 'server'} event of {size} bytes is larger than this peer "
@@ -560,7 +542,7 @@ class RealtimeProtocol:
         if now - self._dropped_told >= 1.0:
             self._dropped_told = now
             self.send(
-                self._error(
+                error_event(
                     "invalid_request_error",
                     "rate_limited",
                     f"more than {EVENTS_PER_SECOND} events a second: "
@@ -598,11 +580,11 @@ class RealtimeProtocol:
             handler(event)
         except ClientEventError as exc:
             self.send(
-                self._error("invalid_request_error", exc.code, str(exc), exc.param, client_event_id)
+                error_event("invalid_request_error", exc.code, str(exc), exc.param, client_event_id)
             )
         except RecursionError:
             self.send(
-                self._error(
+                error_event(
                     "invalid_request_error",
                     "invalid_json",
                     "event is nested too deeply",
@@ -613,7 +595,7 @@ class RealtimeProtocol:
         except Exception as exc:  # a bug of ours must not take the caller's call down
             log.exception("client event failed")
             self.send(
-                self._error(
+                error_event(
                     "server_error",
                     "internal_error",
                     f"the event could not be handled: {type(exc).__name__}",

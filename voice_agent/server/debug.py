@@ -42,6 +42,7 @@ from aiortc import (
 from voice_agent.memory import TRIMMER, heap_stats, trim_heap
 from voice_agent.rtc.call import Call
 from voice_agent.server.calls import CallRegistry
+from voice_agent.server.errors import error_response
 from voice_agent.session.response import Response
 from voice_agent.session.session import VoiceSession
 
@@ -119,10 +120,7 @@ def add_debug_routes(app: web.Application, calls: CallRegistry) -> None:
         if not tracemalloc.is_tracing():
             return _not_tracing()
         if not app[BASELINE]:
-            return web.json_response(
-                {"error": {"code": "no_baseline", "message": "POST /debug/tracemalloc first"}},
-                status=409,
-            )
+            return error_response(409, "no_baseline", "POST /debug/tracemalloc first")
         top = int(request.query.get("top", "25"))
         gc.collect()
         stats = tracemalloc.take_snapshot().compare_to(app[BASELINE][0], "lineno")
@@ -164,4 +162,4 @@ def rss_bytes() -> int:
 
 def _not_tracing() -> web.Response:
     message = "start the server with PYTHONTRACEMALLOC=1 (or more frames) to trace allocations"
-    return web.json_response({"error": {"code": "not_tracing", "message": message}}, status=409)
+    return error_response(409, "not_tracing", message)

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from voice_agent import strict_json
 from voice_agent.backends.llm_http import HttpLlmConfig
+from voice_agent.server.errors import error_response
 from voice_agent.server.route_marks import checks_its_own_caller
 
 log = logging.getLogger(__name__)
@@ -107,18 +108,11 @@ async def _upstream_refused(upstream: aiohttp.ClientResponse, url: str) -> web.R
     log.warning("llm proxy: upstream refused", extra={"url": url, "status": status, "body": text})
     message = f"the LLM endpoint answered {status}; the server's log has its reason"
     if status == 429:
-        response = _error(429, "upstream_busy", message)
+        response = error_response(429, "upstream_busy", message)
         response.headers["Retry-After"] = RETRY_AFTER_S
         return response
     code = _CLIENT_STATUSES.get(status)
-    return _error(status if code else 502, code or "upstream_error", message)
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return web.json_response(
-        {"error": {"type": kind, "code": code, "message": message}}, status=status
-    )
+    return error_response(status if code else 502, code or "upstream_error", message)
 
 
 async def _read_body(request: web.Request, limit: int) -> dict[str, Any]:
@@ -154,9 +148,9 @@ def add_llm_proxy(
             return refused
         config = endpoint()
         if config is None:
-            return _error(503, "not_ready", "the LLM is still starting")
+            return error_response(503, "not_ready", "the LLM is still starting")
         if in_flight[0] >= limits.max_concurrent:
-            response = _error(
+            response = error_response(
                 429, "too_many_requests", f"{limits.max_concurrent} proxy requests already run"
             )
             response.headers["Retry-After"] = RETRY_AFTER_S
@@ -174,7 +168,9 @@ def add_llm_proxy(
             body = bounded_body(request.path, body, limits.max_tokens, host)
         except ValueError as exc:
             status = 413 if "larger" in str(exc) else 400
-            return _error(status, "body_too_large" if status == 413 else "invalid_body", str(exc))
+            return error_response(
+                status, "body_too_large" if status == 413 else "invalid_body", str(exc)
+            )
         body["model"] = config.model
         headers = {"Content-Type": "application/json"}
         if config.api_key:
@@ -192,7 +188,9 @@ def add_llm_proxy(
             upstream = await pool[0].post(url, json=body, headers=headers, timeout=timeout)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("llm proxy: upstream failed", extra={"url": url, "error": repr(exc)})
-            return _error(502, "upstream_unreachable", "the LLM endpoint could not be reached")
+            return error_response(
+                502, "upstream_unreachable", "the LLM endpoint could not be reached"
+            )
         if upstream.status >= 400:
             return await _upstream_refused(upstream, url)
         try:

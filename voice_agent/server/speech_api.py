@@ -41,6 +41,7 @@ from voice_agent.backends.capabilities import (
     ReportsStats,
     SpeculativeTranscriber,
 )
+from voice_agent.server.errors import error_response
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,6 @@ class SpeechRequestError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return web.json_response(
-        {"error": {"type": kind, "code": code, "message": message}}, status=status
-    )
 
 
 def decode_wav(data: bytes) -> np.ndarray:
@@ -143,7 +137,7 @@ def add_speech_routes(app: web.Application, stt: SttBackend, tts: TtsBackend) ->
             data, priority, flags = await _read_transcription_form(request)
             audio = decode_wav(data)
         except SpeechRequestError as exc:
-            return _error(exc.status, exc.code, str(exc))
+            return error_response(exc.status, exc.code, str(exc))
         if "detail" in flags and priority in ("final", "speculative"):
             return web.json_response(await _detailed(stt, audio, priority, "careful" in flags))
         text: str | None
@@ -151,7 +145,7 @@ def add_speech_routes(app: web.Application, stt: SttBackend, tts: TtsBackend) ->
             text = await stt.transcribe_speculative(audio)
         elif priority == "partial":
             if not isinstance(stt, PartialTranscriber):
-                return _error(400, "unsupported", f"the {stt.name} model has no partials")
+                return error_response(400, "unsupported", f"the {stt.name} model has no partials")
             text = await stt.transcribe_partial(audio)
         else:
             text = await stt.transcribe(audio)
@@ -163,22 +157,26 @@ def add_speech_routes(app: web.Application, stt: SttBackend, tts: TtsBackend) ->
         try:
             body: Any = json.loads(await request.read())
         except (ValueError, RecursionError):
-            return _error(400, "invalid_json", "the body is not JSON")
+            return error_response(400, "invalid_json", "the body is not JSON")
         text = body.get("input") if isinstance(body, dict) else None
         if not isinstance(text, str) or not text.strip():
-            return _error(400, "missing_input", "'input' must be a non-empty string")
+            return error_response(400, "missing_input", "'input' must be a non-empty string")
         if len(text) > MAX_SPEECH_CHARS:
-            return _error(400, "input_too_long", f"'input' is over {MAX_SPEECH_CHARS} characters")
+            return error_response(
+                400, "input_too_long", f"'input' is over {MAX_SPEECH_CHARS} characters"
+            )
         if body.get("response_format", "pcm") != "pcm":
-            return _error(400, "unsupported_format", "only response_format 'pcm' is served")
+            return error_response(400, "unsupported_format", "only response_format 'pcm' is served")
         rate = body.get("sample_rate", OPENAI_PCM_RATE)
         if not isinstance(rate, int) or not 8000 <= rate <= 48000:
-            return _error(400, "invalid_sample_rate", "sample_rate must be 8000-48000")
+            return error_response(400, "invalid_sample_rate", "sample_rate must be 8000-48000")
         voice = body.get("voice")
         if voice in (None, "default"):
             voice = None
         elif voice not in tts.voices():
-            return _error(400, "unknown_voice", f"no voice {voice!r}: {', '.join(tts.voices())}")
+            return error_response(
+                400, "unknown_voice", f"no voice {voice!r}: {', '.join(tts.voices())}"
+            )
         resampler = StreamResampler(tts.sample_rate, rate) if rate != tts.sample_rate else None
         response = web.StreamResponse(
             headers={"Content-Type": "audio/pcm", "X-Sample-Rate": str(rate)}

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from voice_agent.realtime.errors import error_event
 from voice_agent.realtime.protocol import MAX_CLIENT_EVENT_BYTES, ClientEventError
 from voice_agent.server.admission import (
     CALL_ID_PREFIX,
@@ -141,9 +142,8 @@ async def realtime_websocket(request: web.Request) -> web.StreamResponse:
         try:
             call.protocol.apply_session_config(session_config)
         except ClientEventError as exc:
-            await ws.send_json(
-                {"type": "error", "error": {"type": "invalid_request_error", "message": str(exc)}}
-            )
+            refusal = error_event("invalid_request_error", exc.code, str(exc), exc.param)
+            await ws.send_json({"event_id": new_id("event"), **refusal})
             await call.close("bad_session")
             return ws
     log.info("websocket call created", extra={"call_id": call.id, "calls": len(calls)})
