@@ -12,7 +12,6 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -65,7 +64,7 @@ from voice_agent.server.llm_proxy import ProxyLimits, add_llm_proxy
 from voice_agent.server.metrics import LiveState, metrics_response, render
 from voice_agent.server.public_url import call_location, path_prefix
 from voice_agent.server.route_marks import checks_its_own_caller
-from voice_agent.server.sdk import add_sdk_routes
+from voice_agent.server.sdk import add_sdk_routes, web_dir
 from voice_agent.server.sdp_check import check_offer_lines
 from voice_agent.server.websocket import add_websocket_route
 from voice_agent.session.ids import new_id
@@ -75,7 +74,7 @@ log = logging.getLogger(__name__)
 LOOP_HEALTH: web.AppKey[LoopHealthMonitor] = web.AppKey("loop_health", LoopHealthMonitor)
 
 CALLS_PATH = "/v1/realtime/calls"
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+WEB_DIR = web_dir()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -488,6 +487,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 async def index(request: web.Request) -> web.StreamResponse:
+    if WEB_DIR is None:
+        return error_response(404, "not_found", "this installation has no demo page")
     return web.FileResponse(WEB_DIR / "index.html")
 
 
@@ -547,7 +548,7 @@ def add_shared_routes(app: web.Application, settings: Settings, engine: Engine) 
             settings.llm_proxy_max_concurrent,
         )
         add_llm_proxy(app, lambda: engine.llm_config, limits, api_key_refusal)
-    if WEB_DIR.is_dir():
+    if WEB_DIR is not None:
         app.router.add_static("/web/", WEB_DIR, show_index=False)
         add_sdk_routes(app, WEB_DIR)
 

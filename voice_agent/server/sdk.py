@@ -19,6 +19,17 @@ SDK_FILES = {
 }
 
 
+def web_dir() -> Path | None:
+    """The demo page and the SDK: inside the installed package (a wheel
+    carries them as ``voice_agent/web``), else beside it in a checkout (an
+    editable install); None when neither has them."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[1] / "web", here.parents[2] / "web"):
+        if (candidate / "index.html").is_file():
+            return candidate
+    return None
+
+
 def add_sdk_routes(app: web.Application, web_dir: Path) -> None:
     for name, content_type in SDK_FILES.items():
         path = web_dir / name
