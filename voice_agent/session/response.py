@@ -14,6 +14,12 @@ that cannot be synthesised, the user's words that could not be transcribed)
 still ends: what was already synthesised is played, then the apology (best
 effort: the TTS may be what failed), then an ``error`` and a ``failed``
 ``response.done`` with the reason.
+
+This module is the response itself: its lifecycle, its two tasks and its
+end. Its LLM rounds, with the tool calls between them and what the history
+keeps of them, are in ``tool_rounds``; the synthesis of its pieces into
+audio chunks in ``reply_speech``; what of it the caller heard in
+``reply_pieces``.
 """
 
 from __future__ import annotations
@@ -26,18 +32,16 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from voice_agent.audio.pcm import sound_onset
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import (
     ChatMessage,
     LlmBackend,
     LlmError,
-    ToolCall,
     ToolChoice,
     ToolSpec,
     TtsBackend,
 )
-from voice_agent.session.conversation import Conversation, SpokenPiece, SpokenText
+from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import (
     AssistantAudioCleared,
     AssistantAudioStarted,
@@ -49,25 +53,27 @@ from voice_agent.session.events import (
     SessionError,
     SessionEvent,
 )
-from voice_agent.session.ids import new_id
 from voice_agent.session.metrics import TurnMetrics, now
+from voice_agent.session.reply_pieces import ReplyPieces
+from voice_agent.session.reply_speech import LEAD_THRESHOLD, Chunk, ReplySpeech, SynthesisError
+from voice_agent.session.tool_rounds import ToolRounds
 from voice_agent.session.tools import ToolRegistry
-from voice_agent.stages.text_chunker import TextChunker
-from voice_agent.stages.text_filter import SpokenTextFilter, strip_thinking
+
+# What the session, the transport and the tests import from here.
+__all__ = [
+    "LEAD_THRESHOLD",
+    "OUTPUT_FRAME_SAMPLES",
+    "AudioOutput",
+    "PieceTag",
+    "ReplySettings",
+    "Response",
+]
 
 log = logging.getLogger(__name__)
 
 OUTPUT_RATE = 48_000
 OUTPUT_FRAME_SAMPLES = 960
-# Frames a piece whose audio never came in full would have lasted: speech
-# runs at about 15 characters a second, 3.3 frames a character.
-FRAMES_PER_CHAR = 3.3
-# A reply's leading near-silence: below -40 dBFS (peak) is not heard yet;
-# 10 ms of it is kept so the onset is not clipped.
-LEAD_THRESHOLD = 328
-LEAD_KEPT_S = 0.010
 CHUNKS_AHEAD = 3
-_NO_AUDIO = np.zeros(0, dtype=np.int16)
 
 
 class AudioOutput(Protocol):
@@ -97,29 +103,6 @@ class PieceTag:
 
 
 @dataclass
-class _Piece:
-    """One clause of the reply. Its frames are counted as its chunks are
-    written; ``complete`` once the last of them was (a piece whose stream
-    broke off, or is still coming, is not)."""
-
-    index: int
-    text: str
-    frames_expected: int = 0
-    frames_played: int = 0
-    delivered: bool = False  # its words were told to the client
-    complete: bool = False
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    """Audio of a piece as the TTS made it (the first one carries its words)."""
-
-    piece: _Piece
-    audio: np.ndarray
-    last: bool = False  # no audio: the piece's chunks have all come before it
-
-
-@dataclass
 class ReplySettings:
     max_tokens: int
     temperature: float
@@ -134,14 +117,8 @@ class ReplySettings:
 Status = Literal["in_progress", "completed", "cancelled", "failed"]
 
 
-class SynthesisError(RuntimeError):
-    """The TTS could not speak a piece of the reply."""
-
-    code = "tts_error"
-
-
 @dataclass(eq=False)
-class Response:
+class Response(ToolRounds, ReplySpeech):
     response_id: str
     item_id: str
     messages: list[ChatMessage]
@@ -169,10 +146,10 @@ class Response:
 
     def __post_init__(self) -> None:
         self._committed = asyncio.Event()
-        self._queue: asyncio.Queue[_Chunk | FunctionCallRequested | None] = asyncio.Queue(
+        self._queue: asyncio.Queue[Chunk | FunctionCallRequested | None] = asyncio.Queue(
             maxsize=CHUNKS_AHEAD
         )
-        self._pieces: dict[int, _Piece] = {}
+        self._pieces = ReplyPieces(self.audio)
         self._resampler = StreamResampler(self.tts.sample_rate, OUTPUT_RATE)
         self._audio_started = False
         self._error: str | None = None
@@ -270,41 +247,15 @@ class Response:
             self._audio_started = True
             self.metrics.first_frame_sent = now()
             self.emit(AssistantAudioStarted(self.response_id))
-        piece = self._pieces.get(tag.index)
-        if piece is not None:
-            piece.frames_played += 1
+        self._pieces.frame_played(tag.index)
 
     def heard_text(self, first: int = 0) -> str:
-        """Whole pieces that were played, plus the played share of the words
-        of the piece that was cut off (of the pieces from index ``first``);
-        of a text-only reply, the pieces told to the client."""
-        words: list[str] = []
-        for index in sorted(i for i in self._pieces if i >= first):
-            piece = self._pieces[index]
-            if not self.audio:
-                if not piece.delivered:
-                    break
-                words.extend(piece.text.split())
-                continue
-            if not piece.delivered:  # no audio of it ever reached the track
-                break
-            if piece.complete and piece.frames_played >= piece.frames_expected:
-                words.extend(piece.text.split())
-                continue
-            # Cut off; if its stream broke off (or was still coming), its
-            # length is estimated from its text.
-            expected = piece.frames_expected
-            if not piece.complete:
-                expected = max(expected, int(len(piece.text) * FRAMES_PER_CHAR))
-            if piece.frames_played > 0 and expected > 0:
-                share = min(1.0, piece.frames_played / expected)
-                piece_words = piece.text.split()
-                words.extend(piece_words[: int(len(piece_words) * share)])
-            break
-        return " ".join(words)
+        """What the caller heard of the pieces from index ``first`` (see
+        ``ReplyPieces.heard_text``)."""
+        return self._pieces.heard_text(first)
 
     def full_text(self) -> str:
-        return " ".join(self._pieces[i].text for i in sorted(self._pieces) if self._pieces[i].text)
+        return self._pieces.full_text()
 
     # -- the two tasks -----------------------------------------------------
     async def _generate(self) -> None:
@@ -347,117 +298,6 @@ class Response:
             await self._apologise()
         await self._queue.put(None)
 
-    async def _flush_audio(self) -> None:
-        """The resampler's last samples, as a silent-text piece."""
-        if not self.audio:
-            return
-        tail = self._resampler.process(np.zeros(0, dtype=np.int16), last=True)
-        if tail.size:
-            piece = self._new_piece(self._next_index, "")
-            await self._queue.put(_Chunk(piece, tail))
-            await self._queue.put(_Chunk(piece, _NO_AUDIO, last=True))
-            self._next_index += 1
-
-    async def _speak(self, texts: list[str]) -> None:
-        for text in texts:
-            await self._synthesize(self._next_index, text)
-            self._next_index += 1
-
-    async def _run_rounds(self) -> None:
-        """LLM rounds until the model answers without calling a server tool,
-        or calls a client tool (the client answers and asks for the next
-        reply itself), or the step limit is reached: the last round offers
-        the tools with tool_choice "none", so the model has to speak."""
-        messages = list(self.messages)
-        steps = max(1, self.reply.max_tool_steps)
-        registry = self.server_tools
-        for step in range(steps):
-            last = step == steps - 1
-            forced_answer = last and step > 0 and bool(self.tools)
-            text, calls = await self._one_round(
-                messages, "none" if forced_answer else self.tool_choice
-            )
-            server_calls = [c for c in calls if registry is not None and c.name in registry]
-            client_calls = [c for c in calls if c not in server_calls]
-            if last and server_calls:
-                log.warning(
-                    "tool step limit reached",
-                    extra={"response_id": self.response_id, "steps": steps},
-                )
-                server_calls = []  # never run: no round is left to read their results
-                if not client_calls and not self._spoke():
-                    raise LlmError(
-                        "tool_step_limit",
-                        f"the model still called tools after {steps} rounds and said nothing",
-                    )
-            if not server_calls and not client_calls:
-                if not self._spoke():
-                    # Silence and no error would leave the user waiting: apologise.
-                    raise LlmError("empty_reply", "the LLM returned an empty reply")
-                self._final_text = text
-                return
-            call_message = ChatMessage("assistant", text, tool_calls=(*server_calls, *client_calls))
-            messages.append(call_message)
-            results: list[ChatMessage] = []
-            if server_calls and registry is not None:
-                # Tools may act on the world: only for a reply that is really given.
-                await self._committed.wait()
-                outputs = await asyncio.gather(*(registry.call(c) for c in server_calls))
-                for call, output in zip(server_calls, outputs, strict=True):
-                    log.info(
-                        "tool called", extra={"response_id": self.response_id, "tool": call.name}
-                    )
-                    results.append(ChatMessage("tool", output, tool_call_id=call.call_id))
-                messages.extend(results)
-            if not client_calls:
-                # This round ran in full: even a reply cut off later keeps it,
-                # so the model knows a tool acted.
-                self._exchange += [call_message, *results]
-                self._covered_pieces = self._next_index
-            else:
-                ran = [ChatMessage("assistant", text, tool_calls=tuple(server_calls))]
-                self._client_round = (
-                    [call_message, *results],
-                    [*ran, *results] if server_calls else [],
-                    self._next_index,
-                )
-                for c in client_calls:
-                    request = FunctionCallRequested(
-                        self.response_id, new_id("item"), c.call_id, c.name, c.arguments
-                    )
-                    await self._queue.put(request)
-                return
-
-    def _spoke(self) -> bool:
-        return any(piece.text for piece in self._pieces.values())
-
-    async def _one_round(
-        self, messages: list[ChatMessage], choice: ToolChoice
-    ) -> tuple[str, list[ToolCall]]:
-        """Stream one LLM request, speaking its text; return the raw text and tool calls."""
-        chunker = TextChunker()
-        spoken = SpokenTextFilter()
-        raw: list[str] = []
-        calls: list[ToolCall] = []
-        stream = self.llm.stream_reply(
-            messages, self.reply.max_tokens, self.reply.temperature, self.tools, choice
-        )
-        try:
-            async for output in stream:
-                if self.metrics.llm_first_token is None:
-                    self.metrics.llm_first_token = now()
-                if isinstance(output, ToolCall):
-                    calls.append(output)
-                    continue
-                raw.append(output)
-                await self._speak(chunker.push(spoken.push(output)))
-        finally:
-            # Closing the stream closes the HTTP response: the server stops generating.
-            await stream.aclose()  # type: ignore[attr-defined]
-        await self._speak(chunker.push(spoken.flush()))
-        await self._speak(chunker.flush())
-        return strip_thinking("".join(raw)), calls
-
     async def _apologise(self, text: str | None = None) -> None:
         """Say so rather than stay silent (best effort: TTS may be what failed)."""
         try:
@@ -467,46 +307,6 @@ class Response:
             raise
         except Exception:
             log.warning("apology failed", exc_info=True, extra={"response_id": self.response_id})
-
-    def _new_piece(self, index: int, text: str) -> _Piece:
-        piece = self._pieces[index] = _Piece(index, text)
-        return piece
-
-    async def _synthesize(self, index: int, text: str) -> None:
-        piece = self._new_piece(index, text)
-        if not self.audio:
-            await self._queue.put(_Chunk(piece, _NO_AUDIO, last=True))
-            return
-        first = index == 0
-        if first:
-            self.metrics.first_piece = self.metrics.tts_start = now()
-        trimming = first and self.reply.trim_lead
-        chunks = self.tts.stream(text, self.voice, urgent=first)
-        try:
-            async for made in chunks:
-                if trimming:
-                    # Until the voice is heard: the first frame on the wire is sound.
-                    onset = sound_onset(
-                        made, LEAD_THRESHOLD, int(LEAD_KEPT_S * self.tts.sample_rate)
-                    )
-                    if onset is None:
-                        continue
-                    made, trimming = made[onset:], False
-                audio = self._resampler.process(made)
-                if not audio.size:
-                    continue
-                if first and self.metrics.tts_first_audio is None:
-                    self.metrics.tts_first_audio = now()
-                await self._queue.put(_Chunk(piece, audio))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise SynthesisError(f"speech synthesis failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            # Stops the backend before its next chunk (a barge-in, a failure).
-            await chunks.aclose()  # type: ignore[attr-defined]
-        # Also a piece without audio: its words are still the reply's.
-        await self._queue.put(_Chunk(piece, _NO_AUDIO, last=True))
 
     async def _play(self) -> None:
         await self._committed.wait()
@@ -566,38 +366,6 @@ class Response:
             self.status = "completed"
             self._finish("completed", None)
 
-    def _give_calls(self, calls: list[FunctionCallRequested]) -> None:
-        assert self._client_round is not None
-        whole, _, covered = self._client_round
-        self._client_round = None
-        self._exchange += whole
-        self._covered_pieces = covered
-        # The client may answer at once: its result must follow the call.
-        self._record_exchange()
-        for call in calls:
-            self.emit(call)
-
-    def _record_exchange(self) -> None:
-        if self.conversation is not None:
-            for message in self._exchange:
-                # Text said before a call belongs to this reply's message item;
-                # server tools' results are no item the client knows.
-                item_id = self.item_id if message.role == "assistant" else None
-                self.conversation.add(message, item_id)
-        self._exchange.clear()
-
-    def _spoken(self) -> SpokenText | None:
-        """The timing of the last round's pieces (the message's own words)."""
-        if not self.audio:
-            return None
-        indices = sorted(self._pieces)
-        before = sum(self._pieces[i].frames_played for i in indices if i < self._covered_pieces)
-        pieces = tuple(
-            SpokenPiece(p.text, p.frames_expected, p.frames_played)
-            for p in (self._pieces[i] for i in indices if i >= self._covered_pieces)
-        )
-        return SpokenText(before, pieces)
-
     def _finish(
         self, status: Literal["completed", "cancelled", "failed"], reason: str | None
     ) -> None:
@@ -609,30 +377,3 @@ class Response:
         )
         if self.on_finished is not None:
             self.on_finished(self)
-
-    def _record_history(self, status: Literal["completed", "cancelled", "failed"]) -> None:
-        # A reply heard in full goes into the history exactly as generated
-        # (with its tool calls and results), so the LLM server's prompt cache
-        # still matches it on the next turn; a cut-off reply keeps only the
-        # words the user heard.
-        if status == "completed":
-            self._record_exchange()
-            if self.conversation is not None:
-                self.conversation.add_assistant(
-                    self._final_text.strip(), self.item_id, self._spoken()
-                )
-            return
-        # The rounds that ran stay (a tool may have acted), client calls
-        # only if the client was given them; then the words heard of the
-        # round in progress, never text a tool-call message already holds.
-        if self._client_round is not None:
-            _, ran, covered = self._client_round
-            self._client_round = None
-            if ran:
-                self._exchange += ran
-                self._covered_pieces = covered
-        self._record_exchange()
-        if self.conversation is not None:
-            self.conversation.add_assistant(
-                self.heard_text(self._covered_pieces), self.item_id, self._spoken()
-            )
