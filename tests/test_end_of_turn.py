@@ -217,7 +217,7 @@ class SlowTurnModel:
 
 
 @pytest.mark.parametrize("broken", ["failing", "slow"])
-async def test_a_model_that_fails_or_is_late_leaves_the_turn_to_the_silence(
+async def test_a_failing_model_leaves_the_turn_to_the_silence_a_late_one_is_awaited(
     broken: str,
     engine: Engine,
     model: SmartTurn,
@@ -238,14 +238,20 @@ async def test_a_model_that_fails_or_is_late_leaves_the_turn_to_the_silence(
     (done,) = [e for e in events if e["type"] == "response.done"]
     assert done["response"]["status"] == "completed"
     metadata = done["response"]["metadata"]
-    assert metadata["end_of_turn_decision"] == "silence"
-    assert metadata["end_of_turn_verdict"] == ("failed" if broken == "failing" else "late")
+    if broken == "failing":
+        assert metadata["end_of_turn_decision"] == "silence"
+        assert metadata["end_of_turn_verdict"] == "failed"
+    else:  # a second late, within the cap: its verdict still ends the finished sentence
+        assert metadata["end_of_turn_decision"] == "model", metadata
+        assert metadata["end_of_turn_verdict"] == "complete", metadata
+        assert float(metadata["end_of_turn_inference_ms"]) >= 1000
 
 
 async def test_four_callers_pausing_at_once_each_keep_their_one_turn(
     semantic_server: conftest.RunningServer, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
-    """Their judgements meet in the one model, at the same moments."""
+    """Their judgements meet in the one model, at the same moments (on a
+    loaded 2-core host some miss the timeout: they are still awaited)."""
     audio = np.concatenate((hesitant(1.0), silence(1.5)))
     for _ in range(8):
         peer.add(Script(chat_text("Yes.")))

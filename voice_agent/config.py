@@ -227,9 +227,10 @@ class Settings(BaseSettings):
     turn_judge_timeout_ms: int = Field(
         400,
         ge=20,
-        description="Semantic turns: a judgement not back this soon counts as none, and the "
-        "fixed silence ends the turn (--turn-silence-ms, or a semantic_vad session's eagerness "
-        "silence); a failing model falls back the same way.",
+        description="Semantic turns: a judgement not back this soon is logged and counted as "
+        "late, and still awaited (the silence cap ends the turn if it never comes); a failing "
+        "model leaves the turn to the fixed silence (--turn-silence-ms, or a semantic_vad "
+        "session's eagerness silence).",
     )
     interrupt_min_ms: int = Field(
         500,

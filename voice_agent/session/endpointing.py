@@ -10,9 +10,12 @@ when the words end on one that no sentence ends on ("my number is",
 "the", "and", a trailing comma): the turn goes on until the silence cap or
 the caller's next pause. The words can only delay an end, never hasten it.
 
-A judgement that fails, or is not back within the timeout, is no judgement:
-the session falls back to the fixed silence for the rest of the turn (logged
-and counted), so a broken or overloaded model never leaves a turn stuck.
+A judgement not back within the timeout is logged and counted as late, and
+still awaited: on a loaded host the model's word a little late is better
+than the fixed silence, which cuts every hesitant caller, and the silence
+cap ends the turn if the word never comes. A judgement that fails is no
+judgement: the session falls back to the fixed silence for the rest of the
+turn (logged and counted). Either way a turn is never left stuck.
 """
 
 from __future__ import annotations
@@ -71,8 +74,9 @@ def words_unfinished(text: str) -> bool:
 @dataclass
 class JudgeStats:
     """Every session's judgements in this process (/v1/stats): verdicts by
-    decision, and the time answered ones took (asked to answered, queue
-    included; late and failed ones are left out)."""
+    decision, how many missed the timeout ("late", also counted by the
+    verdict they came back with), and the time answered ones took (asked to
+    answered, queue included; failed ones are left out)."""
 
     decisions: Counter[str] = field(default_factory=Counter)
     inference: Samples = field(default_factory=Samples)
@@ -122,12 +126,20 @@ class EndOfTurnJudge:
         asked = now()
         probability: float | None = None
         decision: Decision
+        answer = asyncio.ensure_future(self._model.completion(candidate.audio))
         try:
-            probability = await asyncio.wait_for(
-                self._model.completion(candidate.audio), self._timeout_s
-            )
-        except TimeoutError:
-            decision = "late"
+            try:
+                probability = await asyncio.wait_for(asyncio.shield(answer), self._timeout_s)
+            except TimeoutError:
+                self._stats.decisions["late"] += 1
+                log.warning(
+                    "end-of-turn model late; its verdict is still awaited",
+                    extra={"session": self._session_id, "waited_ms": self._timeout_s * 1000},
+                )
+                probability = await answer
+        except asyncio.CancelledError:
+            answer.cancel()  # the caller spoke again: this pause needs no verdict
+            raise
         except Exception as exc:  # the silence decides instead
             log.warning(
                 "end-of-turn model failed; the silence decides",
@@ -137,11 +149,6 @@ class EndOfTurnJudge:
         else:
             decision = "complete" if probability >= semantic.threshold else "incomplete"
         inference_ms = round((now() - asked) * 1000.0, 1)
-        if decision == "late":
-            log.warning(
-                "end-of-turn model late; the silence decides",
-                extra={"session": self._session_id, "waited_ms": inference_ms},
-            )
         self._stats.decisions[decision] += 1
         if probability is not None:
             self._stats.inference.add(inference_ms / 1000.0)

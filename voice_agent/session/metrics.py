@@ -20,7 +20,7 @@ def _ms(later: float | None, earlier: float | None) -> float | None:
 
 # An end-of-turn model's answer; "unfinished": it said complete, and the
 # words overruled it (they end on a word no sentence ends on).
-Decision = Literal["complete", "incomplete", "unfinished", "late", "failed"]
+Decision = Literal["complete", "incomplete", "unfinished", "failed"]
 # What ended a user turn: the end-of-turn model's verdict, the silence (the
 # fixed one, or the cap after an "incomplete"), the client's commit, or a
 # short burst over a reply (ended at its first pause to decide at once).
