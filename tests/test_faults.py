@@ -251,6 +251,7 @@ async def tts_failing_on_zanzibar(
     return TtsFault(message, heard, again)
 
 
+@pytest.mark.slow
 async def test_tts_failing_mid_sentence_ends_the_reply_with_the_apology(
     engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
@@ -271,6 +272,7 @@ STT_TIMEOUT_S = 1.5
 
 
 @pytest.mark.parametrize("fault", ["error", "hang"])
+@pytest.mark.slow
 async def test_stt_failing_on_a_turn_is_apologised_for_and_the_next_turn_heard(
     engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession, fault: str
 ) -> None:
@@ -304,6 +306,7 @@ async def test_stt_failing_on_a_turn_is_apologised_for_and_the_next_turn_heard(
                 assert item_failed["error"]["code"] == code
                 if fault == "error":
                     assert "answered 500" in item_failed["error"]["message"]
+                    assert url not in item_failed["error"]["message"]  # its address: logged only
                 else:
                     assert (
                         f"no transcript within {STT_TIMEOUT_S:g} s"
@@ -363,6 +366,7 @@ async def restart_seen(http: aiohttp.ClientSession, url: str) -> tuple[dict[str,
     return body, time.monotonic()
 
 
+@pytest.mark.slow
 async def test_the_llm_killed_mid_reply_is_apologised_for_and_restarted(
     engine: Engine, own_llama: EmbeddedLlamaServer, http: aiohttp.ClientSession
 ) -> None:

@@ -122,12 +122,30 @@ class ChatMessage:
 ToolChoice = str | dict[str, str]
 
 
-class LlmError(RuntimeError):
+class BackendError(RuntimeError):
+    """A backend failed. ``str()`` is the whole story, for the log: it may
+    quote an upstream's answer or name its address. ``public`` is what a
+    caller may be told: the same minus anything an upstream said or where
+    it lives (a provider's message can quote a masked key or name internal
+    hosts)."""
+
+    def __init__(self, message: str, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = message if public is None else public
+
+
+def public_message(exc: BaseException) -> str:
+    """What a caller may be told of ``exc``: a backend's public message, or
+    only the kind of an unexpected error."""
+    return exc.public if isinstance(exc, BackendError) else type(exc).__name__
+
+
+class LlmError(BackendError):
     """The LLM endpoint failed: unreachable, an HTTP error, a timeout, a
     dropped stream. ``code`` is short and machine-readable."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, code: str, message: str, public: str | None = None) -> None:
+        super().__init__(message, public)
         self.code = code
 
 

@@ -24,6 +24,10 @@ from voice_agent.backends.base import LlmError, ToolCall
 
 log = logging.getLogger(__name__)
 
+# What a caller is told when the LLM's stream reports an error (its words
+# go to the log).
+REPORTED_ERROR = "the LLM reported an error"
+
 Output = str | ToolCall
 MAX_ERROR_BODY = 2000
 
@@ -79,6 +83,7 @@ async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str
             "bad_stream",
             f"the LLM endpoint answered {content_type or 'no content type'}, "
             f"not an event stream: {_error_message(text)}",
+            "the LLM endpoint did not answer with an event stream",
         )
     data: list[str] = []
     try:
@@ -86,7 +91,9 @@ async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str
             line = raw.decode("utf-8").rstrip("\r\n")
             if line.startswith("error:"):
                 message = _error_message(line[6:].strip())
-                raise LlmError("stream_error", f"the LLM reported an error: {message}")
+                raise LlmError(
+                    "stream_error", f"the LLM reported an error: {message}", REPORTED_ERROR
+                )
             if line.startswith("data:"):
                 data.append(line[5:].removeprefix(" "))
                 continue
@@ -113,12 +120,13 @@ def _event(payload: str) -> dict[str, Any] | None:
         event = json.loads(payload)
     except ValueError:
         message = f"the endpoint sent invalid JSON: {payload[:200]}"
-        raise LlmError("bad_stream", message) from None
+        raise LlmError("bad_stream", message, "the LLM stream sent invalid JSON") from None
     if not isinstance(event, dict):
         return None
     if event.get("error") and "type" not in event:
         # Typed events ("error", "response.failed") are the parser's to read.
-        raise LlmError("stream_error", f"the LLM reported an error: {_error_message(payload)}")
+        message = f"the LLM reported an error: {_error_message(payload)}"
+        raise LlmError("stream_error", message, REPORTED_ERROR)
     return event
 
 
@@ -192,7 +200,9 @@ class HttpLlmClient:
                         yield output
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise LlmError(
-                    "stream_interrupted", f"the LLM stream broke off: {_describe(exc)}"
+                    "stream_interrupted",
+                    f"the LLM stream broke off: {_describe(exc)}",
+                    "the LLM stream broke off",
                 ) from None
             for output in parser.finish():
                 yield output
@@ -223,6 +233,7 @@ class HttpLlmClient:
                     error = LlmError(
                         f"http_{response.status}",
                         f"the LLM endpoint answered {response.status}: {_error_message(text)}",
+                        f"the LLM endpoint answered {response.status}",
                     )
                     if response.status >= 500 or response.status in (408, 429):
                         raise _Retryable(error)
@@ -251,7 +262,11 @@ class HttpLlmClient:
             if response is not None:
                 response.close()
             raise _Retryable(
-                LlmError("unreachable", f"the LLM endpoint {url} failed: {_describe(exc)}")
+                LlmError(
+                    "unreachable",
+                    f"the LLM endpoint {url} failed: {_describe(exc)}",
+                    "the LLM endpoint could not be reached",
+                )
             ) from None
         except BaseException:
             if response is not None:

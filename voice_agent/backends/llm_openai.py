@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from voice_agent.backends.base import ChatMessage, LlmError, ToolCall, ToolChoice, ToolSpec
-from voice_agent.backends.llm_http import HttpLlmClient, HttpLlmConfig, Output
+from voice_agent.backends.llm_http import REPORTED_ERROR, HttpLlmClient, HttpLlmConfig, Output
 
 
 @dataclass
@@ -38,7 +38,7 @@ class ChatStreamParser:
         error = event.get("error")
         if error:
             message = error.get("message") if isinstance(error, dict) else error
-            raise LlmError("stream_error", f"the LLM reported an error: {message}")
+            raise LlmError("stream_error", f"the LLM reported an error: {message}", REPORTED_ERROR)
         outputs: list[Output] = []
         for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}

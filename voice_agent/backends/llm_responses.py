@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from voice_agent.backends.base import ChatMessage, LlmError, ToolCall, ToolChoice, ToolSpec
-from voice_agent.backends.llm_http import HttpLlmClient, HttpLlmConfig, Output
+from voice_agent.backends.llm_http import REPORTED_ERROR, HttpLlmClient, HttpLlmConfig, Output
 
 
 class ResponsesStreamParser:
@@ -59,7 +59,9 @@ class ResponsesStreamParser:
         if kind in ("error", "response.failed"):
             error = event.get("error") or (event.get("response") or {}).get("error") or {}
             message = error.get("message") if isinstance(error, dict) else error
-            raise LlmError("stream_error", f"the LLM reported an error: {message or kind}")
+            raise LlmError(
+                "stream_error", f"the LLM reported an error: {message or kind}", REPORTED_ERROR
+            )
         return []  # reasoning deltas, lifecycle events: never spoken
 
     def finish(self) -> Iterable[Output]:

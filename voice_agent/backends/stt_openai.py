@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from voice_agent.backends.base import BackendError
 from voice_agent.backends.capabilities import Transcription
 from voice_agent.backends.http_pool import PooledHttpClient
 from voice_agent.backends.registry import BackendUnavailable
@@ -32,7 +33,7 @@ DEFAULT_MODEL = "whisper-1"
 SAMPLE_RATE = 16_000
 
 
-class RemoteSttError(RuntimeError):
+class RemoteSttError(BackendError):
     """The STT server could not be reached or did not give a transcript."""
 
 
@@ -64,12 +65,17 @@ class OpenAIStt(PooledHttpClient):
         self._language = language
 
     def _closed_error(self) -> Exception:
-        return RemoteSttError(f"the STT client for {self.url} is closed")
+        return RemoteSttError(
+            f"the STT client for {self.url} is closed", "the STT client is closed"
+        )
 
     async def transcribe(self, audio: np.ndarray) -> str:
         answer = await self._request(audio, None)
         if answer is None:  # only low-priority requests are ever shed
-            raise RemoteSttError(f"STT server {self.url} shed a final transcript")
+            raise RemoteSttError(
+                f"STT server {self.url} shed a final transcript",
+                "the STT server shed a final transcript",
+            )
         return str(answer["text"])
 
     async def _request(
@@ -95,15 +101,19 @@ class OpenAIStt(PooledHttpClient):
                 body = (await response.read()).decode("utf-8", errors="replace")
                 if response.status != 200:
                     raise RemoteSttError(
-                        f"STT server {self.url} answered {response.status}: {body[:300]}"
+                        f"STT server {self.url} answered {response.status}: {body[:300]}",
+                        f"the STT server answered {response.status}",
                     )
         except aiohttp.ClientError as exc:
             self._errors += 1
-            raise RemoteSttError(f"cannot reach STT server {self.url}: {exc}") from exc
+            raise RemoteSttError(
+                f"cannot reach STT server {self.url}: {exc}", "the STT server could not be reached"
+            ) from exc
         except TimeoutError:
             self._errors += 1
             raise RemoteSttError(
-                f"STT server {self.url} gave no answer within {self._timeout.total} s"
+                f"STT server {self.url} gave no answer within {self._timeout.total} s",
+                f"the STT server gave no answer within {self._timeout.total} s",
             ) from None
         except RemoteSttError:
             self._errors += 1
@@ -118,7 +128,8 @@ class OpenAIStt(PooledHttpClient):
         except (ValueError, KeyError, TypeError) as exc:
             self._errors += 1
             raise RemoteSttError(
-                f"STT server {self.url} sent no transcript ({exc!r}): {body[:300]}"
+                f"STT server {self.url} sent no transcript ({exc!r}): {body[:300]}",
+                "the STT server sent no transcript",
             ) from None
         self._latency.add(time.monotonic() - started)
         answer["text"] = text.strip()

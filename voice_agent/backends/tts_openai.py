@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 import aiohttp
 import numpy as np
 
+from voice_agent.backends.base import BackendError
 from voice_agent.backends.http_pool import PooledHttpClient
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.config import Settings
@@ -33,7 +34,7 @@ DEFAULT_MODEL = "tts-1"
 DEFAULT_VOICE = "alloy"
 
 
-class RemoteTtsError(RuntimeError):
+class RemoteTtsError(BackendError):
     """The TTS server could not be reached or did not give audio."""
 
 
@@ -65,7 +66,9 @@ class OpenAITts(PooledHttpClient):
         self._send_priority = send_priority
 
     def _closed_error(self) -> Exception:
-        return RemoteTtsError(f"the TTS client for {self.url} is closed")
+        return RemoteTtsError(
+            f"the TTS client for {self.url} is closed", "the TTS client is closed"
+        )
 
     def voices(self) -> Sequence[str]:
         return self._voices
@@ -93,12 +96,14 @@ class OpenAITts(PooledHttpClient):
                 if response.status != 200:
                     detail = (await response.read())[:300].decode("utf-8", errors="replace")
                     raise RemoteTtsError(
-                        f"TTS server {self.url} answered {response.status}: {detail}"
+                        f"TTS server {self.url} answered {response.status}: {detail}",
+                        f"the TTS server answered {response.status}",
                     )
                 rate = response.headers.get("X-Sample-Rate")
                 if rate is not None and rate != str(self.sample_rate):
                     raise RemoteTtsError(
-                        f"TTS server {self.url} sent {rate} Hz, not {self.sample_rate}"
+                        f"TTS server {self.url} sent {rate} Hz, not {self.sample_rate}",
+                        f"the TTS server sent {rate} Hz, not {self.sample_rate}",
                     )
                 async for data in response.content.iter_any():
                     data = carry + data
@@ -113,21 +118,25 @@ class OpenAITts(PooledHttpClient):
         except TimeoutError:  # before ClientError: aiohttp's read timeout is both
             self._errors += 1
             if sent:
+                heard_ms = 1000 * sent / self.sample_rate
+                said = f"sent no more audio for {self._timeout_s:g} s after {heard_ms:.0f} ms of it"
                 raise RemoteTtsError(
-                    f"TTS server {self.url} sent no more audio for {self._timeout_s:g} s "
-                    f"after {1000 * sent / self.sample_rate:.0f} ms of it"
+                    f"TTS server {self.url} {said}", f"the TTS server {said}"
                 ) from None
+            said = f"gave no audio within {self._timeout_s:g} s"
             raise RemoteTtsError(
-                f"TTS server {self.url} gave no audio within {self._timeout_s:g} s"
+                f"TTS server {self.url} {said}", f"the TTS server {said}"
             ) from None
         except aiohttp.ClientError as exc:
             self._errors += 1
             if sent:
+                said = f"broke off the audio after {1000 * sent / self.sample_rate:.0f} ms"
                 raise RemoteTtsError(
-                    f"TTS server {self.url} broke off the audio after "
-                    f"{1000 * sent / self.sample_rate:.0f} ms: {exc}"
+                    f"TTS server {self.url} {said}: {exc}", f"the TTS server {said}"
                 ) from exc
-            raise RemoteTtsError(f"cannot reach TTS server {self.url}: {exc}") from exc
+            raise RemoteTtsError(
+                f"cannot reach TTS server {self.url}: {exc}", "the TTS server could not be reached"
+            ) from exc
         except RemoteTtsError:
             self._errors += 1
             raise

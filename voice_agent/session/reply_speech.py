@@ -19,7 +19,7 @@ import numpy as np
 
 from voice_agent.audio.pcm import sound_onset
 from voice_agent.audio.resample import StreamResampler
-from voice_agent.backends.base import TtsBackend
+from voice_agent.backends.base import BackendError, TtsBackend, public_message
 from voice_agent.session.events import FunctionCallRequested
 from voice_agent.session.metrics import TurnMetrics, now
 from voice_agent.session.reply_pieces import Piece, ReplyPieces
@@ -43,7 +43,7 @@ class Chunk:
     last: bool = False  # no audio: the piece's chunks have all come before it
 
 
-class SynthesisError(RuntimeError):
+class SynthesisError(BackendError):
     """The TTS could not speak a piece of the reply."""
 
     code = "tts_error"
@@ -107,7 +107,10 @@ class ReplySpeech:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise SynthesisError(f"speech synthesis failed: {type(exc).__name__}: {exc}") from exc
+            raise SynthesisError(
+                f"speech synthesis failed: {type(exc).__name__}: {exc}",
+                f"speech synthesis failed: {public_message(exc)}",
+            ) from exc
         finally:
             # Stops the backend before its next chunk (a barge-in, a failure).
             await chunks.aclose()  # type: ignore[attr-defined]

@@ -40,6 +40,7 @@ from voice_agent.backends.base import (
     ToolChoice,
     ToolSpec,
     TtsBackend,
+    public_message,
 )
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import (
@@ -289,9 +290,9 @@ class Response(ToolRounds, ReplySpeech):
                 "reply generation failed", exc_info=True, extra={"response_id": self.response_id}
             )
             if isinstance(exc, (LlmError, SynthesisError)):
-                reason, self._error_code = str(exc), exc.code
+                reason, self._error_code = public_message(exc), exc.code
             else:
-                reason, self._error_code = f"{type(exc).__name__}: {exc}", "llm_error"
+                reason, self._error_code = public_message(exc), "llm_error"
             self._error = f"the reply could not be generated: {reason}"
             # Also after some of the reply was said: a reply that stops
             # mid-sentence, unexplained, leaves the caller waiting.
@@ -319,7 +320,11 @@ class Response(ToolRounds, ReplySpeech):
             if self.status == "in_progress":
                 if self.audio:
                     self.output.flush()
-                self.emit(SessionError("server_error", f"the reply could not be played: {exc}"))
+                self.emit(
+                    SessionError(
+                        "server_error", f"the reply could not be played: {public_message(exc)}"
+                    )
+                )
                 self.status = "failed"
                 self._finish("failed", "error")
             # Nothing reads the queue any more: stop the generator (and its LLM stream).

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from voice_agent.backends.base import BackendError, public_message
 from voice_agent.session.barge_in import is_backchannel
 from voice_agent.session.events import (
     SessionError,
@@ -35,7 +36,7 @@ from voice_agent.stages.turns import TurnEnded
 log = logging.getLogger("voice_agent.session.session")
 
 
-class SttTimeout(RuntimeError):
+class SttTimeout(BackendError):
     """The STT gave no transcript in time."""
 
 
@@ -196,7 +197,8 @@ class UserTurns(SessionState):
             exc_info=not isinstance(exc, SttTimeout),
             extra={"session": self.id, "code": code, "error": str(exc)},
         )
-        message = f"transcription failed: {exc}"
+        # The whole error is logged above; the caller gets its public part.
+        message = f"transcription failed: {public_message(exc)}"
         self._emit(UserTranscriptFailed(item_id, code, message))
         if spec is not None and spec.response is not None:
             spec.response.cancel("superseded")
