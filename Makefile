@@ -53,6 +53,12 @@ run: $(STAMP)
 test: $(STAMP) $(PARAKEET_STAMP) $(COQUI_STAMP) $(AGENTS_SDK_STAMP) $(DEPLOY_TOOLS_STAMP) lint typecheck
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
+# The fast inner loop: no linters, no models, no browser, container or SIP lab,
+# nothing slow (the markers are in pyproject.toml, docs/testing.md).
+UNIT_MARKERS := not slow and not models and not browser and not container and not sip and not e2e
+unit: $(STAMP)
+	$(PY) -m pytest -m "$(UNIT_MARKERS)" -q $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check voice_agent tests bench deploy
 	$(VENV)/bin/ruff format --check voice_agent tests bench deploy

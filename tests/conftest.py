@@ -132,3 +132,24 @@ async def peer() -> AsyncIterator[ScriptedLlmServer]:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+# Markers (pyproject.toml, docs/testing.md) that follow from the fixtures a
+# test uses, directly or through others (server_factory, call, parakeet_server
+# all need the engine): the engine loads Whisper, Piper, Smart Turn, Silero and
+# llama-server, tiny_nemo_model builds a NeMo model, playwright drives
+# Chromium. A module that imports the SIP lab (tests/sip_lab.py) runs it.
+# Tests that start a model, a container or a browser themselves carry their
+# marker in their module.
+MARKERS_BY_FIXTURE = {"engine": "models", "tiny_nemo_model": "models", "playwright": "browser"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects anything
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        names = {m for f, m in MARKERS_BY_FIXTURE.items() if f in used}
+        if hasattr(getattr(item, "module", None), "sip_lab"):
+            names.add("sip")
+        for name in sorted(names):
+            item.add_marker(name)

@@ -74,6 +74,8 @@ def test_an_output_lead_the_buffer_cannot_hold_is_refused(
     )
 
 
+@pytest.mark.models
+@pytest.mark.slow
 async def test_serve_starts_becomes_ready_and_stops_cleanly() -> None:
     port = free_port()
     process = await asyncio.create_subprocess_exec(

@@ -18,6 +18,7 @@ __all__ = ["call", "peer"]  # the fixtures
 REPLY = "One, two, three, four, five, six, seven, eight."
 
 
+@pytest.mark.slow
 async def test_items_are_retrieved_deleted_and_truncated_and_the_llm_sees_it(
     call: RealtimeClient, peer: ScriptedLlmServer
 ) -> None:

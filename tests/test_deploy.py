@@ -304,6 +304,9 @@ async def http_session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 @pytest.mark.e2e
+@pytest.mark.container
+@pytest.mark.models
+@pytest.mark.slow
 async def test_the_image_serves_a_real_call_with_host_networking(
     podman: dict[str, str], image: str, http_session: aiohttp.ClientSession
 ) -> None:
@@ -337,6 +340,9 @@ async def test_the_image_serves_a_real_call_with_host_networking(
 
 
 @pytest.mark.e2e
+@pytest.mark.container
+@pytest.mark.models
+@pytest.mark.slow
 async def test_compose_relays_a_call_through_its_turn_server(
     podman: dict[str, str], image: str, http_session: aiohttp.ClientSession
 ) -> None:

@@ -18,6 +18,8 @@ from tests.test_websocket import events_until, typed_turn
 from voice_agent.client import RealtimeClient
 from voice_agent.config import Settings
 
+pytestmark = [pytest.mark.models, pytest.mark.slow]
+
 GOODBYE = Settings.model_fields["drain_goodbye"].default
 
 

@@ -13,7 +13,7 @@ from tests.audio_data import heard_as_its_own, librivox, reference, silence, wor
 from tests.conftest import ServerFactory
 from voice_agent.client import RealtimeClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def of(event_type: str) -> Any:

@@ -106,6 +106,7 @@ async def test_without_echo_cancellation_a_speakerphone_cuts_the_reply_short(
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
 
 
+@pytest.mark.slow
 async def test_the_echo_canceller_lets_a_reply_play_out_on_a_speakerphone(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
@@ -143,6 +144,7 @@ STORY = (
 
 
 @pytest.mark.parametrize("speakerphone", [True, False])
+@pytest.mark.slow
 async def test_the_caller_can_still_interrupt(
     engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession, speakerphone: bool
 ) -> None:

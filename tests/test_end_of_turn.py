@@ -74,6 +74,7 @@ def test_the_features_are_those_pipecat_computes_for_the_model() -> None:
         np.testing.assert_allclose(SmartTurnFeatures()(audio), expected, atol=1e-4)
 
 
+@pytest.mark.models
 async def test_a_finished_sentence_is_complete_and_a_hesitation_is_not(model: SmartTurn) -> None:
     pause = silence(0.2)
     finished = await model.completion(np.concatenate((FINISHED, pause)))
@@ -81,6 +82,7 @@ async def test_a_finished_sentence_is_complete_and_a_hesitation_is_not(model: Sm
     assert finished > 0.8 > 0.2 > unfinished, (finished, unfinished)
 
 
+@pytest.mark.models
 async def test_judgements_from_many_sessions_share_the_one_model() -> None:
     model = SmartTurn(packaged_weights(), max_batch=4)
     try:
@@ -147,6 +149,7 @@ async def spoken_turns(
     return [created, *client.events]
 
 
+@pytest.mark.slow
 async def test_a_finished_sentence_ends_when_the_model_says_so(
     semantic_server: conftest.RunningServer, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
@@ -162,6 +165,7 @@ async def test_a_finished_sentence_ends_when_the_model_says_so(
     assert float(metadata["end_of_turn_probability"]) >= EAGERNESS["auto"].threshold
 
 
+@pytest.mark.slow
 async def test_a_pause_mid_sentence_is_waited_out_with_semantic_turns_only(
     semantic_server: conftest.RunningServer, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
@@ -217,6 +221,7 @@ class SlowTurnModel:
 
 
 @pytest.mark.parametrize("broken", ["failing", "slow"])
+@pytest.mark.slow
 async def test_a_failing_model_leaves_the_turn_to_the_silence_a_late_one_is_awaited(
     broken: str,
     engine: Engine,
@@ -247,6 +252,7 @@ async def test_a_failing_model_leaves_the_turn_to_the_silence_a_late_one_is_awai
         assert float(metadata["end_of_turn_inference_ms"]) >= 1000
 
 
+@pytest.mark.slow
 async def test_four_callers_pausing_at_once_each_keep_their_one_turn(
     semantic_server: conftest.RunningServer, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
@@ -286,6 +292,7 @@ def test_the_words_that_leave_a_sentence_unfinished() -> None:
         assert not words_unfinished(said), said
 
 
+@pytest.mark.slow
 async def test_a_complete_verdict_on_a_dangling_word_is_overruled_in_a_real_call(
     engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:

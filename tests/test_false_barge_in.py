@@ -54,6 +54,7 @@ async def spoken_over_a_reply(
     return finished["response"], client.events[mark:]
 
 
+@pytest.mark.slow
 async def test_a_cough_pauses_the_reply_and_it_goes_on(
     call: RealtimeClient, peer: ScriptedLlmServer
 ) -> None:

@@ -140,6 +140,7 @@ async def answers_a_real_call(server_url: str, http: aiohttp.ClientSession) -> N
     await client.hangup(http)
 
 
+@pytest.mark.slow
 async def test_signaling_answers_every_mutated_request_with_a_4xx_or_a_call(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
@@ -290,6 +291,7 @@ class Pacer:
             await asyncio.sleep(delay)
 
 
+@pytest.mark.slow
 async def test_fuzzed_data_channel_events_get_error_events_and_the_call_goes_on(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:

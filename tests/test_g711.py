@@ -26,6 +26,7 @@ def audio_codecs(sdp: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("codec", "ice_lite"), [("audio/PCMU", False), ("audio/PCMA", True)])
+@pytest.mark.slow
 async def test_a_g711_caller_is_heard_and_answered_in_g711(
     server_factory: ServerFactory, http: aiohttp.ClientSession, codec: str, ice_lite: bool
 ) -> None:

@@ -191,6 +191,7 @@ async def test_a_distrusted_speculation_is_decoded_again_by_the_final(engine: En
 
 # -- in a real call --------------------------------------------------------------------
 @pytest.mark.e2e
+@pytest.mark.slow
 async def test_a_turn_with_no_words_is_never_dropped_in_silence(
     engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:

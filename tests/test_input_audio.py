@@ -32,6 +32,7 @@ def question_without_trailing_silence() -> np.ndarray:
     return librivox(QUESTION)[: int(2.9 * 16_000)]
 
 
+@pytest.mark.slow
 async def test_appended_speech_and_a_commit_are_heard_and_answered(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
@@ -59,6 +60,7 @@ async def test_appended_speech_and_a_commit_are_heard_and_answered(
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
 
 
+@pytest.mark.slow
 async def test_push_to_talk_waits_for_commit_and_response_create(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:

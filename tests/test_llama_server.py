@@ -30,6 +30,7 @@ async def reply(llm: OpenAIChatLlm) -> str:
     return "".join(p for p in parts if isinstance(p, str))
 
 
+@pytest.mark.models
 async def test_a_killed_server_is_restarted_on_the_same_port() -> None:
     server = EmbeddedLlamaServer(default_model_path(), threads=1, ctx=512)
     await server.start()
@@ -68,6 +69,7 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@pytest.mark.models
 async def test_a_wrapper_commands_server_goes_with_it_on_a_restart_and_at_stop() -> None:
     """--llama-server-command may be a wrapper: a shell that starts the server
     and waits. The death signal reaches only the wrapper, so the supervisor
@@ -109,6 +111,7 @@ def environment_of(pid: int) -> dict[str, str]:
     return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
 
 
+@pytest.mark.models
 async def test_with_spin_the_server_does_not_inherit_this_processs_passive_openmp_waiting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

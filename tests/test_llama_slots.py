@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
 from voice_agent.backends.llama_server import MODEL_ALIAS
@@ -83,6 +84,7 @@ async def test_concurrent_requests_all_finish_and_none_is_cut_short(
     assert overlapped < serial, (overlapped, serial)  # decoded together, not one by one
 
 
+@pytest.mark.slow
 async def test_a_sessions_cached_prompt_survives_other_sessions_turns(
     engine: Engine, http: aiohttp.ClientSession
 ) -> None:

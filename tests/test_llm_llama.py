@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from tests.conftest import ServerFactory, run_server
@@ -104,6 +105,7 @@ async def recording_forwarder(upstream: str) -> AsyncIterator[tuple[str, list[di
         await http.close()
 
 
+@pytest.mark.slow
 async def test_session_update_instructions_drive_typed_turns(
     engine: Engine, http: aiohttp.ClientSession
 ) -> None:

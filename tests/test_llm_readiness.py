@@ -22,6 +22,8 @@ from tests.test_signaling import CALLS, real_offer
 from voice_agent.backends.base import ChatMessage, LlmError
 from voice_agent.engine import Engine
 
+pytestmark = pytest.mark.models
+
 STAND_IN = Path(__file__).parent / "crashing_llm.py"
 
 
@@ -30,6 +32,7 @@ def stand_in_command(*args: str) -> str:
 
 
 @pytest.mark.parametrize("crash_after", [0, 1], ids=["probe", "prefill"])
+@pytest.mark.slow
 async def test_a_child_that_dies_during_warm_up_fails_start_up_with_the_reason(
     crash_after: int,
 ) -> None:
@@ -73,6 +76,7 @@ async def wait_for_readyz(
             await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow
 async def test_a_crash_looping_llm_makes_readyz_and_offers_503_until_it_answers_again(
     fragile_engine: tuple[Engine, Path], http: aiohttp.ClientSession
 ) -> None:

@@ -21,6 +21,8 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return weights_for(default_model_path(), "q8_0", tmp_path_factory.mktemp("cache"))
 
 
+@pytest.mark.models
+@pytest.mark.slow
 def test_a_conversion_keeps_every_tensor_and_field_and_requantises_only_the_q4_1_layers(
     converted: Path,
 ) -> None:
@@ -57,6 +59,8 @@ def test_a_conversion_keeps_every_tensor_and_field_and_requantises_only_the_q4_1
     assert requantised == 210
 
 
+@pytest.mark.models
+@pytest.mark.slow
 def test_a_converted_file_is_made_once_then_reused(converted: Path) -> None:
     made = converted.stat().st_mtime_ns
     again = weights_for(default_model_path(), "q8_0", converted.parent)

@@ -27,7 +27,7 @@ from voice_agent.session.events import SessionEvent, UserTranscript, UserTranscr
 from voice_agent.session.hearing import Hearing, HearingStats
 from voice_agent.session.session import VoiceSession
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 TRANSCRIPT_DONE = "conversation.item.input_audio_transcription.completed"
 TRANSCRIPT_DELTA = "conversation.item.input_audio_transcription.delta"

@@ -19,7 +19,7 @@ from tests.local_http import serve_on_loopback
 from tests.scripted_llm import Script, ScriptedLlmServer, chat_text, scripted_llm_server
 from voice_agent.client import RealtimeClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 KEY = "sk-replica-key-0123456"
 SECRETS = "/v1/realtime/client_secrets"

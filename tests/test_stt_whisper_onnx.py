@@ -40,6 +40,7 @@ def runtimes() -> Iterator[Runtimes]:
     ct2.close()
 
 
+@pytest.mark.models
 async def test_each_clip_is_heard_word_for_word_as_ctranslate2_hears_it(runtimes: Runtimes) -> None:
     onnx, ct2 = runtimes
     for clip in CLIPS:
@@ -48,6 +49,8 @@ async def test_each_clip_is_heard_word_for_word_as_ctranslate2_hears_it(runtimes
         assert word_error_rate(reference(clip), text) <= 0.15, (clip, text)
 
 
+@pytest.mark.models
+@pytest.mark.slow
 async def test_a_batch_of_callers_is_decoded_as_each_alone(runtimes: Runtimes) -> None:
     onnx, ct2 = runtimes
     # 0880 and 0930 (3.0 and 3.3 s) share one decoder batch, and their rows
@@ -59,6 +62,7 @@ async def test_a_batch_of_callers_is_decoded_as_each_alone(runtimes: Runtimes) -
     assert onnx.stats()["max_batch_seen"] == 4
 
 
+@pytest.mark.models
 async def test_silence_and_noise_give_no_words(runtimes: Runtimes) -> None:
     onnx, ct2 = runtimes
     silence = np.zeros(32000, dtype=np.int16)
@@ -106,6 +110,7 @@ def parts() -> Parts:
 
 
 @pytest.mark.parametrize("max_length", [8, 13, 30, 100])
+@pytest.mark.models
 def test_the_length_limit_cuts_where_ctranslate2_cuts(parts: Parts, max_length: int) -> None:
     (expected,) = parts.ct2.generate(
         parts.features,
@@ -122,6 +127,7 @@ def test_the_length_limit_cuts_where_ctranslate2_cuts(parts: Parts, max_length: 
     assert abs(decoded[0].no_speech_prob - expected.no_speech_prob) < 0.01
 
 
+@pytest.mark.models
 def test_decoding_stops_between_steps_once_nobody_waits(parts: Parts) -> None:
     asked = 0
 
@@ -137,6 +143,7 @@ def test_decoding_stops_between_steps_once_nobody_waits(parts: Parts) -> None:
     assert decoded is not None and len(decoded[0].tokens) > 20
 
 
+@pytest.mark.models
 def test_a_prompt_without_timestamps_is_refused(parts: Parts) -> None:
     with pytest.raises(ValueError, match="timestamps"):
         parts.decoder.generate(parts.encoded, [*parts.prompt, 50363], 100)  # <|notimestamps|>
@@ -154,6 +161,7 @@ def test_eight_bit_blocks_keep_every_weight_within_half_a_step() -> None:
     assert np.all(restored[3, :32] == 0.0)
 
 
+@pytest.mark.models
 def test_the_packaged_model_file_is_read_and_a_foreign_one_refused(tmp_path: Path) -> None:
     weights = read_variables(whisper_weights.resolve("base") / "model.bin")
     assert weights["decoder/embeddings/weight"].shape == (51865, 512)

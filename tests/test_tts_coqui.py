@@ -54,7 +54,7 @@ from tests.tiny_coqui import (
 )
 from voice_agent.backends.tts_coqui import XTTS_CHUNK_TOKENS, CoquiTts, _XttsStream
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.models]
 
 # A full piece: XTTS_TOKENS in chunks of XTTS_CHUNK_TOKENS, and the tail
 # XTTS keeps back to cross-fade with a next chunk.

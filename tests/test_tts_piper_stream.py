@@ -84,6 +84,7 @@ def test_windows_cover_every_frame_once_the_first_short_then_growing() -> None:
         assert all(later <= 3 * earlier for earlier, later in itertools.pairwise(sizes))
 
 
+@pytest.mark.models
 async def test_an_urgent_piece_comes_in_windows_that_join_into_piper_s_own_audio(
     quiet_voice: Path,
 ) -> None:
@@ -109,6 +110,7 @@ async def test_an_urgent_piece_comes_in_windows_that_join_into_piper_s_own_audio
         tts.close()
 
 
+@pytest.mark.models
 async def test_sessions_streaming_at_once_each_get_their_own_audio(quiet_voice: Path) -> None:
     """Several sessions' first pieces share the one worker; none takes
     another's latent frames or gain."""
@@ -123,6 +125,7 @@ async def test_sessions_streaming_at_once_each_get_their_own_audio(quiet_voice: 
         tts.close()
 
 
+@pytest.mark.models
 async def test_a_piece_of_two_sentences_in_a_voice_at_another_rate(
     quiet_voice: Path, tmp_path: Path
 ) -> None:
@@ -159,6 +162,7 @@ def test_a_louder_window_brings_the_gain_down_smoothly() -> None:
     assert _follow_peak(np.zeros(256, dtype=np.float32), None)[0] is None
 
 
+@pytest.mark.models
 def test_a_graph_that_is_not_a_piper_vits_voice_is_made_whole(tmp_path: Path) -> None:
     node = helper.make_node("Identity", ["input"], ["output"], name="identity")
     graph = helper.make_graph(
@@ -173,6 +177,7 @@ def test_a_graph_that_is_not_a_piper_vits_voice_is_made_whole(tmp_path: Path) ->
     assert split_voice(default_voice_path(), onnxruntime.SessionOptions(), 256, 2) is None
 
 
+@pytest.mark.models
 async def test_the_packaged_voice_streams_its_first_piece() -> None:
     tts = PiperTts(default_voice_path(), 1.0, threads=1)
     try:

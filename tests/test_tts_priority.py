@@ -77,6 +77,7 @@ async def test_a_parallel_worker_runs_that_many_jobs_at_once_and_queues_the_rest
         worker.close()
 
 
+@pytest.mark.models
 async def test_a_first_piece_is_synthesized_before_queued_later_pieces() -> None:
     tts = PiperTts(default_voice_path(), 1.0, threads=1)
     done: list[str] = []

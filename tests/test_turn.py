@@ -134,6 +134,7 @@ async def test_without_turn_a_client_is_handed_no_credentials(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 async def test_a_call_relayed_through_turn_is_answered(
     server_factory: ServerFactory, http: aiohttp.ClientSession, turn: TurnServer
 ) -> None:

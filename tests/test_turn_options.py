@@ -50,6 +50,7 @@ async def test_without_create_response_a_turn_is_heard_but_not_answered(
     assert peer.bodies()[0]["messages"][-1] == {"role": "user", "content": heard["transcript"]}
 
 
+@pytest.mark.slow
 async def test_without_interrupt_response_speech_does_not_cut_the_reply(
     call: RealtimeClient, peer: ScriptedLlmServer
 ) -> None:

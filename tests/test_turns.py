@@ -34,7 +34,7 @@ def run(audio: np.ndarray, config: TurnConfig, vad: str = "webrtc") -> list[Turn
     return events
 
 
-@pytest.mark.parametrize("vad", ["webrtc", "silero"])
+@pytest.mark.parametrize("vad", ["webrtc", pytest.param("silero", marks=pytest.mark.models)])
 @pytest.mark.parametrize("clip", ["0880", "0930"])
 def test_one_utterance_is_one_turn(clip: str, vad: str) -> None:
     speech = librivox(clip)
@@ -75,7 +75,7 @@ def test_a_short_pause_is_not_the_end_of_the_turn() -> None:
     assert len(ended.audio) / 16000 > 4.0  # both phrases in one turn
 
 
-@pytest.mark.parametrize("vad", ["webrtc", "silero"])
+@pytest.mark.parametrize("vad", ["webrtc", pytest.param("silero", marks=pytest.mark.models)])
 @pytest.mark.parametrize("clip", ["0870", "0920"])
 def test_a_400_ms_pause_mid_sentence_does_not_end_the_turn(clip: str, vad: str) -> None:
     """At the service's default turn settings. The pause falls between two
@@ -116,7 +116,7 @@ def test_pause_audio_matches_the_final_turn_when_nothing_follows() -> None:
     assert np.array_equal(pauses[-1].audio, ended.audio)
 
 
-@pytest.mark.parametrize("vad", ["webrtc", "silero"])
+@pytest.mark.parametrize("vad", ["webrtc", pytest.param("silero", marks=pytest.mark.models)])
 def test_silence_and_noise_make_no_turn(vad: str) -> None:
     rng = np.random.default_rng(0)
     noise = (rng.normal(0, 30, 16000 * 3)).astype(np.int16)  # a quiet room, about -61 dBFS

@@ -98,6 +98,7 @@ def test_tts_voice_names_files_folders_and_the_packaged_voice(tmp_path: Path) ->
         PiperTts(voice_paths(str(other)), 1.0, threads=1)
 
 
+@pytest.mark.models
 async def test_one_piper_backend_speaks_each_voice_on_one_inference_thread(
     tmp_path: Path,
 ) -> None:
@@ -170,6 +171,7 @@ def update_voice(client: RealtimeClient, voice: Any) -> asyncio.Future[dict[str,
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 async def test_a_caller_chooses_among_the_servers_voices(
     voices_call: Any, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
@@ -226,6 +228,7 @@ async def test_a_caller_chooses_among_the_servers_voices(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 async def test_with_workers_the_model_process_speaks_each_voice(
     voices_dir: Path, http: aiohttp.ClientSession
 ) -> None:

@@ -88,6 +88,7 @@ async def test_a_typed_turn_over_a_websocket_is_answered_in_paced_audio_deltas(
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)  # closing the socket ends the call
 
 
+@pytest.mark.slow
 async def test_openais_python_sdk_talks_to_the_websocket_unchanged(
     server_factory: ServerFactory,
 ) -> None:

@@ -21,7 +21,7 @@ from bench.serving import start_server, wait_ready
 from tests.audio_data import heard_as_its_own, librivox, silence
 from voice_agent.client import RealtimeClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CALLS = "/v1/realtime/calls"
 

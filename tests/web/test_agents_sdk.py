@@ -26,6 +26,8 @@ from tests.web.conftest import SiteFactory
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.browser,
+    pytest.mark.slow,
     pytest.mark.skipif(
         shutil.which("node") is None or shutil.which("npm") is None,
         reason="node and npm are needed for the @openai/agents-realtime test",

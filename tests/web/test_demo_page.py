@@ -16,7 +16,7 @@ from tests.audio_data import RATE, librivox, reference, silence, word_error_rate
 from tests.conftest import ServerFactory
 from tests.web.browser import ARTIFACTS, chromium, write_capture_wav
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow]
 
 # Chromium loops the capture file: the silence after the question is long
 # enough that it is asked only once during the test.

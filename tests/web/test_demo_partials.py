@@ -16,7 +16,7 @@ from tests.conftest import RunningServer
 from tests.tiny_nemo import PHRASES, phrase_audio
 from tests.web.browser import chromium, write_capture_wav
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 # Records, for every partial, what the page's user bubble showed right after
 # the demo's own handler ran (it was registered first).

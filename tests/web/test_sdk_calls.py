@@ -24,7 +24,7 @@ from tests.web.browser import chromium, write_capture_wav
 from tests.web.conftest import SiteFactory
 from voice_agent.client import RealtimeClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 # Keeps every microphone stream the page opens, to check they are stopped.
 TRACK_STREAMS = """
@@ -271,6 +271,7 @@ async def test_a_page_on_another_origin_reads_retry_after(
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
 
 
+@pytest.mark.slow
 async def test_a_full_server_is_retried_when_reconnect_is_on(
     browser: Browser, server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
@@ -371,6 +372,7 @@ async def test_a_channel_closed_while_connecting_fails_the_connect_at_once(
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
 
 
+@pytest.mark.slow
 async def test_an_ice_failure_is_reported_and_released(
     browser: Browser, server_factory: ServerFactory
 ) -> None:
@@ -398,6 +400,7 @@ async def test_an_ice_failure_is_reported_and_released(
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
 
 
+@pytest.mark.slow
 async def test_interrupt_cancels_the_reply_and_cuts_its_audio(
     playwright: Playwright, server_factory: ServerFactory, tmp_path: Path
 ) -> None:
@@ -519,6 +522,7 @@ async def test_typed_text_gets_a_spoken_answer(
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
 
 
+@pytest.mark.slow
 async def test_text_typed_during_a_reply_interrupts_it_and_is_answered(
     playwright: Playwright, server_factory: ServerFactory, tmp_path: Path
 ) -> None:

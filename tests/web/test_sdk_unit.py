@@ -14,6 +14,8 @@ from playwright.async_api import Page, Playwright
 from tests.conftest import ServerFactory
 from tests.web.browser import chromium
 
+pytestmark = pytest.mark.browser
+
 
 @pytest_asyncio.fixture
 async def sdk_page(playwright: Playwright, server_factory: ServerFactory) -> AsyncIterator[Page]:
