@@ -3,13 +3,16 @@
 Addresses of its own on its loopback: the gateway (Kamailio + rtpengine,
 ``deploy/sip/run-gateway``), a phone (baresip, or SIPp for the malformed
 cases) and the service (``voice-agent serve``, with a scripted LLM served
-from this test process on a socket made inside the namespace).
+from this test process on a socket made inside the namespace); for the
+gateway's defences, four more callers (SIPp): two more trunks, a stranger
+and a flooder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import importlib.util
 import json
 import os
@@ -18,7 +21,7 @@ import shutil
 import signal
 import sys
 import wave
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GATEWAY_SCRIPT = ROOT / "deploy" / "sip" / "run-gateway"
 SCENARIOS = Path(__file__).parent / "sip"
 GATEWAY, PHONE, SERVICE = "10.77.0.1", "10.77.0.2", "10.77.0.3"
+TRUNK_B, STRANGER, FLOODER, TRUNK_C = "10.77.0.4", "10.77.0.5", "10.77.0.6", "10.77.0.7"
 SIP_PORT = 5060
 SERVICE_PORT = 8080
 API_KEY = "sk-sip-lab-key-0123"
@@ -154,6 +158,17 @@ class Gateway:
 
 
 @dataclass
+class SippRun:
+    """A SIPp run's exit code, its report (with the gateway's log) and its
+    call counts (a call: one pass through the scenario)."""
+
+    code: int
+    output: str
+    successful: int
+    failed: int
+
+
+@dataclass
 class SipLab:
     namespace: NetworkNamespace
     workdir: Path
@@ -191,6 +206,24 @@ class SipLab:
 
     async def sipp(self, scenario: str, *args: str, port: int = SIP_PORT) -> tuple[int, str]:
         """Run a SIPp scenario (tests/sip/) against the gateway: exit code, output."""
+        run = await self.sipp_run(scenario, *args, port=port)
+        return run.code, run.output
+
+    async def sipp_run(
+        self,
+        scenario: str,
+        *args: str,
+        port: int = SIP_PORT,
+        source: str = PHONE,
+        local_port: int = 5080,
+        calls: int = 1,
+        gateway: Gateway | None = None,
+    ) -> SippRun:
+        """Run a SIPp scenario (tests/sip/) from ``source`` against a gateway."""
+        name = f"{scenario}-{source}-{local_port}"
+        errors, stats = self.workdir / f"{name}.errors", self.workdir / f"{name}.csv"
+        for path in (errors, stats):
+            path.unlink(missing_ok=True)
         process = await start(
             self.namespace,
             "sipp",
@@ -199,11 +232,11 @@ class SipLab:
             "-sf",
             str(SCENARIOS / scenario),
             "-i",
-            PHONE,
+            source,
             "-p",
-            "5080",
+            str(local_port),
             "-m",
-            "1",
+            str(calls),
             "-s",
             NUMBER,
             "-timeout",
@@ -212,15 +245,29 @@ class SipLab:
             "-nostdin",
             "-trace_err",
             "-error_file",
-            str(self.workdir / f"{scenario}.errors"),
+            str(errors),
+            "-trace_stat",
+            "-stf",
+            str(stats),
             *args,
         )
         async with asyncio.timeout(30):
             code = await process.process.wait()
         await process.stop()
-        errors = self.workdir / f"{scenario}.errors"
         report = process.log.tail() + (errors.read_text() if errors.exists() else "")
-        return code, f"{report}\ngateway log:\n{self.gateway.process.log.tail(15)}"
+        gateway_log = (gateway or self.gateway).process.log.tail(15)
+        counts = {"SuccessfulCall(C)": "0", "FailedCall(C)": "0"}
+        if stats.exists():
+            with stats.open() as handle:
+                rows = list(csv.reader(handle, delimiter=";"))
+            if len(rows) > 1:
+                counts = dict(zip(rows[0], rows[-1], strict=False))
+        return SippRun(
+            code,
+            f"{report}\ngateway log:\n{gateway_log}",
+            int(counts["SuccessfulCall(C)"]),
+            int(counts["FailedCall(C)"]),
+        )
 
 
 class Phone:
@@ -345,7 +392,9 @@ async def start_gateway(
     sip_port: int = SIP_PORT,
     ng_port: int = 2223,
     rtp_ports: tuple[int, int] = (30000, 30199),
+    settings: Mapping[str, str] | None = None,
 ) -> Gateway:
+    """A gateway; ``settings``: more of run-gateway's variables (its defences)."""
     process = await start(
         namespace,
         f"gateway-{sip_port}",
@@ -360,6 +409,7 @@ async def start_gateway(
         GATEWAY_RUN_DIR=str(workdir / f"gateway-{sip_port}"),
         GATEWAY_LOG_LEVEL="2",
         KAMAILIO_CHILDREN="4",
+        **(settings or {}),
     )
     gateway = Gateway(sip_port, ng_port, process)
     # Ready: Kamailio has its SIP socket, rtpengine answers its control socket.
@@ -412,8 +462,12 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, service: Process) ->
 
 
 @asynccontextmanager
-async def sip_lab(workdir: Path, *service_args: str) -> AsyncIterator[SipLab]:
-    namespace = NetworkNamespace(f"va-sip-{os.getpid()}", [GATEWAY, PHONE, SERVICE])
+async def sip_lab(
+    workdir: Path, *service_args: str, gateway_settings: Mapping[str, str] | None = None
+) -> AsyncIterator[SipLab]:
+    namespace = NetworkNamespace(
+        f"va-sip-{os.getpid()}", [GATEWAY, PHONE, SERVICE, TRUNK_B, STRANGER, FLOODER, TRUNK_C]
+    )
     namespace.create()
     processes: list[Process] = []
     leftover: list[int] = []
@@ -426,7 +480,7 @@ async def sip_lab(workdir: Path, *service_args: str) -> AsyncIterator[SipLab]:
             processes.append(service)
             url = f"http://{SERVICE}:{SERVICE_PORT}"
             await wait_ready(http, url, service)
-            gateway = await start_gateway(namespace, workdir, url)
+            gateway = await start_gateway(namespace, workdir, url, settings=gateway_settings)
             processes.append(gateway.process)
             yield SipLab(namespace, workdir, llm, service, gateway, http)
     finally:

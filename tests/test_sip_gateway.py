@@ -16,7 +16,7 @@ import pytest_asyncio
 from tests.audio_data import librivox, reference, silence, word_error_rate
 from tests.conftest import test_settings as service_settings
 from tests.scripted_llm import Script, chat_text
-from tests.sip_lab import PHONE_RATE, Phone, SipLab, missing, sip_lab, start_gateway
+from tests.sip_lab import PHONE, PHONE_RATE, Phone, SipLab, missing, sip_lab, start_gateway
 from tests.stt_fixtures import load_stt
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import SttBackend
@@ -27,7 +27,7 @@ INSTRUCTIONS = "You answer the phone. Caller (unverified): {caller_id}; dialled:
 if (reason := missing()) is not None:
     pytest.skip(f"SIP gateway tests skipped: {reason}", allow_module_level=True)
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.sip, pytest.mark.models, pytest.mark.slow]
 
 
 def at_phone_rate(samples: np.ndarray) -> np.ndarray:
@@ -43,6 +43,8 @@ async def lab(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SipLab]
         "#",
         "--llm-instructions",
         INSTRUCTIONS,
+        # As deployed: only the trunk (here the phone's address) may call.
+        gateway_settings={"SIP_ALLOWED_SOURCES": PHONE},
     ) as lab:
         yield lab
 

@@ -84,7 +84,7 @@ def command(address: tuple[str, int], request: dict[str, Any]) -> dict[str, Any]
                         break
             except TimeoutError:
                 continue
-            answer = decode(reply[len(cookie) + 1 :])
+            answer: dict[str, Any] = decode(reply[len(cookie) + 1 :])
             if answer.get("result") not in ("ok", "pong"):
                 raise NgError(
                     f"rtpengine {request['command']}: {answer.get('error-reason', answer)}"
