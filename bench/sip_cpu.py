@@ -56,7 +56,14 @@ async def main(calls: int, window_s: float, silent: bool) -> None:
     if silent:  # the media path alone: no turns, no replies
         mic = np.zeros_like(mic)
     with tempfile.TemporaryDirectory() as workdir:
-        async with sip_lab(Path(workdir)) as lab:
+        # Every bench call comes from the lab's one phone address: the
+        # gateway's per-trunk and flood limits are off for the measurement.
+        unlimited = {
+            "SIP_MAX_CALLS_PER_TRUNK": "0",
+            "SIP_CALLS_PER_MINUTE_PER_TRUNK": "0",
+            "SIP_FLOOD_REQUESTS": "0",
+        }
+        async with sip_lab(Path(workdir), gateway_settings=unlimited) as lab:
             for _ in range(calls * 10):
                 lab.llm.add(Script(chat_text("It is sunny and warm today, with a light breeze.")))
             phones = [
