@@ -26,6 +26,8 @@ from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtp import RtpPacket
 
+from voice_agent.rtc import internals
+
 log = logging.getLogger(__name__)
 
 ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"  # the receiver's own (name-mangled)
@@ -64,6 +66,8 @@ def use_for(receiver: RTCRtpReceiver) -> bool:
     current = getattr(receiver, ATTRIBUTE, None)
     if isinstance(current, ArrivalOrderBuffer):
         return True
+    if not internals.patchable("arrival-order jitter buffer"):
+        return False
     if not isinstance(current, JitterBuffer) or current.capacity != 16:
         log.warning("aiortc's audio receiver changed: keeping its own jitter buffer")
         return False

@@ -17,6 +17,8 @@ import logging
 
 from aiortc.rtcsctptransport import WEBRTC_STRING, RTCSctpTransport
 
+from voice_agent.rtc import internals
+
 log = logging.getLogger(__name__)
 
 _aiortc_receive = RTCSctpTransport._data_channel_receive
@@ -44,4 +46,6 @@ async def _receive(transport: RTCSctpTransport, stream_id: int, pp_id: int, data
 
 def contain_bad_messages() -> None:
     """Install the wrapper (idempotent)."""
+    if not internals.patchable("data channel receive"):
+        return
     RTCSctpTransport._data_channel_receive = _receive  # type: ignore[method-assign, assignment]

@@ -36,7 +36,7 @@ import aiortc.rtcrtpreceiver as receiver_module
 import av
 from aiortc.codecs import get_decoder
 
-from voice_agent.rtc import opus_wideband
+from voice_agent.rtc import internals, opus_wideband
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,8 @@ def install() -> bool:
     current = receiver_module.decoder_worker
     if current is decoder_worker:
         return True
+    if not internals.patchable("decoder hand-off"):
+        return False
     if list(inspect.signature(current).parameters) != EXPECTED_PARAMETERS:
         log.warning("aiortc's decoder_worker changed shape: keeping aiortc's own hand-off")
         return False

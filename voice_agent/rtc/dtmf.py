@@ -22,6 +22,8 @@ from aiortc import RTCRtpCodecParameters, RTCRtpReceiver
 from aiortc.codecs import CODECS
 from aiortc.rtp import RtpPacket
 
+from voice_agent.rtc import internals
+
 log = logging.getLogger(__name__)
 
 MIME_TYPE = "audio/telephone-event"
@@ -76,7 +78,7 @@ def install() -> None:
             )
         )
     handle = RTCRtpReceiver._handle_rtp_packet
-    if getattr(handle, "_dtmf_aware", False):
+    if getattr(handle, "_dtmf_aware", False) or not internals.patchable("DTMF receive"):
         return
 
     async def handle_rtp_packet(
