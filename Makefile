@@ -60,8 +60,8 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "$(UNIT_MARKERS)" -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check voice_agent tests bench deploy
-	$(VENV)/bin/ruff format --check voice_agent tests bench deploy
+	$(VENV)/bin/ruff check voice_agent tests bench deploy examples
+	$(VENV)/bin/ruff format --check voice_agent tests bench deploy examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
