@@ -17,14 +17,12 @@ from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 
 from tests.audio_data import librivox, reference, word_error_rate
+from voice_agent.backends import whisper_onnx_graphs as graphs
 from voice_agent.backends import whisper_weights
 from voice_agent.backends.ct2_model_file import Ct2FormatError, read_variables
 from voice_agent.backends.stt_faster_whisper import FasterWhisperStt
-from voice_agent.backends.whisper_onnx_decoder import (
-    OnnxWhisperDecoder,
-    TokenIds,
-    quantize_blocks,
-)
+from voice_agent.backends.whisper_onnx_decoder import OnnxWhisperDecoder, TokenIds
+from voice_agent.backends.whisper_onnx_graphs import decoder_graphs, quantize_blocks
 
 CLIPS = ["0880", "0930", "0890", "0920", "0870"]
 Runtimes = tuple[FasterWhisperStt, FasterWhisperStt]
@@ -171,3 +169,24 @@ def test_the_packaged_model_file_is_read_and_a_foreign_one_refused(tmp_path: Pat
     foreign.write_bytes(struct.pack("<I", 99) + b"\0" * 16)
     with pytest.raises(Ct2FormatError, match="version 99"):
         read_variables(foreign)
+
+
+@pytest.mark.models
+def test_the_decoder_graphs_are_built_once_and_again_for_another_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_file = whisper_weights.resolve("base") / "model.bin"
+    weights = read_variables(model_file)
+    heads = int(weights["decoder/num_heads"].reshape(-1)[0])
+    built = decoder_graphs(model_file, weights, heads, cache=tmp_path)
+    assert len(list((tmp_path / graphs.CACHE_FOLDER).glob("*.onnx"))) == 2
+
+    def never(*args: object) -> None:
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(graphs, "build_step_graph", never)
+    assert decoder_graphs(model_file, weights, heads, cache=tmp_path) == built  # from disk
+    other = tmp_path / "other-model.bin"  # another model's file: not the same graphs
+    other.write_bytes(b"another model")
+    with pytest.raises(AssertionError, match="built again"):
+        decoder_graphs(other, weights, heads, cache=tmp_path)
