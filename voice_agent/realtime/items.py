@@ -58,6 +58,26 @@ class ItemLog:
         return item_id in self._busy
 
 
+class ItemPlacement:
+    """Places items in the log and remembers the item before each until its
+    ``conversation.item.done`` is told: that event names it again, after
+    the log may have moved on."""
+
+    def __init__(self, log: ItemLog) -> None:
+        self.log = log
+        self._previous: dict[str, str | None] = {}  # item_id -> the item before it
+
+    def place(self, item: JsonDict, busy: bool = False) -> str | None:
+        """Append an item to the client's view of the conversation."""
+        previous = self.log.place(item, busy)
+        self._previous[item["id"]] = previous
+        return previous
+
+    def done(self, item_id: str) -> str | None:
+        """The item before this one, forgotten once its item.done is told."""
+        return self._previous.pop(item_id, None)
+
+
 class ItemEvents:
     def __init__(
         self, session: VoiceSession, log: ItemLog, send: Callable[[JsonDict], None]
