@@ -25,13 +25,16 @@ import aiohttp
 import numpy as np
 from playwright.async_api import async_playwright
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from voice_agent.testing.audio_data import RATE, silence
+from voice_agent.testing.browser import chromium, write_capture_wav
+from voice_agent.testing.figures import percentile, table
+from voice_agent.testing.serving import start_server, wait_ready
 
-from bench.latency import CLIPS, pct, speech_and_tail, table  # noqa: E402
-from bench.serving import start_server, wait_ready  # noqa: E402
-from tests.audio_data import RATE, silence  # noqa: E402
-from tests.web.browser import chromium, write_capture_wav  # noqa: E402
+# ``python bench/<script>.py`` puts bench/ on the path, not the checkout's
+# root, which the bench.* imports below are found from.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.latency import CLIPS, speech_and_tail
 
 GAP_S = 8.0  # silence after each question: room for the answer
 
@@ -130,7 +133,7 @@ async def main() -> None:
         )
     )
     summary = [
-        [name, fmt(statistics.median(v) if v else None), fmt(pct(v, 95) if v else None)]
+        [name, fmt(statistics.median(v) if v else None), fmt(percentile(v, 95) if v else None)]
         for name, v in columns.items()
     ]
     print("\n" + table(summary, ["ms", "p50", "p95"]))

@@ -18,19 +18,15 @@ import argparse
 import asyncio
 import logging
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.latency import table  # noqa: E402
-from voice_agent.backends import registry  # noqa: E402
-from voice_agent.backends.base import TtsBackend  # noqa: E402
-from voice_agent.config import Settings  # noqa: E402
+from voice_agent.backends import registry
+from voice_agent.backends.base import TtsBackend
+from voice_agent.config import Settings
+from voice_agent.testing.figures import table
 
 SENTENCES = [
     "Hello, thanks for calling.",
@@ -94,7 +90,7 @@ async def coqui_rows(
 
 
 def tiny_models(folder: Path) -> list[tuple[str, Path, str | None]]:
-    from tests.tiny_coqui import build_tiny_vits, build_tiny_xtts
+    from voice_agent.testing.tiny_coqui import build_tiny_vits, build_tiny_xtts
 
     return [
         ("tiny VITS (265 k params, untrained)", build_tiny_vits(folder / "vits"), None),

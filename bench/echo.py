@@ -25,20 +25,16 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.latency import table  # noqa: E402
-from bench.serving import start_server, wait_ready  # noqa: E402
-from tests.audio_data import librivox, reference, silence, word_error_rate  # noqa: E402
-from voice_agent.client import RealtimeClient, SimulatedEcho  # noqa: E402
-from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+from voice_agent.client import RealtimeClient, SimulatedEcho
+from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
+from voice_agent.testing.figures import table
+from voice_agent.testing.serving import start_server, wait_ready
 
 QUESTIONS = ["0930", "0890", "0920", "0870"]
 BARGE_IN = "0880"

@@ -27,15 +27,17 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from voice_agent.client import RealtimeClient
+from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.figures import table
+from voice_agent.testing.ports import free_port
+from voice_agent.testing.serving import start_server, wait_ready
 
-from bench.latency import table  # noqa: E402
-from bench.load import CLIENT_NICE, cpu_seconds  # noqa: E402
-from bench.serving import start_server, wait_ready  # noqa: E402
-from tests.ports import free_port  # noqa: E402
-from voice_agent.client import RealtimeClient  # noqa: E402
-from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+# ``python bench/<script>.py`` puts bench/ on the path, not the checkout's
+# root, which the bench.* imports below are found from.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.load import CLIENT_NICE, cpu_seconds
 
 
 async def bare_server(port: int) -> None:

@@ -28,9 +28,7 @@ import json
 import os
 import signal
 import statistics
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +36,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.serving import start_server, wait_ready  # noqa: E402
-from tests.audio_data import librivox, silence, speech_bounds  # noqa: E402
-from voice_agent.client import RealtimeClient  # noqa: E402
-from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+from voice_agent.client import RealtimeClient
+from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.audio_data import librivox, silence, speech_bounds
+from voice_agent.testing.figures import percentile, table
+from voice_agent.testing.serving import start_server, wait_ready
 
 CLIPS = ["0880", "0930", "0890", "0920", "0870"]
 STAGES = [
@@ -177,21 +173,6 @@ async def one_call(
     return results, {"connect_ms": connect_ms}
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-def table(rows: Sequence[Sequence[object]], header: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-
-    def line(row: Sequence[object]) -> str:
-        return "| " + " | ".join(str(x).rjust(w) for x, w in zip(row, widths, strict=False)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -289,17 +270,27 @@ async def main() -> None:
         )
     answered = [t for t in turns if t.status == "completed" and t.client_ms is not None]
     client = [t.client_ms for t in answered if t.client_ms is not None]
-    summary = [["client voice-to-voice", f"{pct(client, 50):.0f}", f"{pct(client, 95):.0f}"]]
+    summary = [
+        ["client voice-to-voice", f"{percentile(client, 50):.0f}", f"{percentile(client, 95):.0f}"]
+    ]
     for key, label in STAGES:
         values = [t.server[key] for t in answered if key in t.server]
         if values:
-            summary.append([f"server: {label}", f"{pct(values, 50):.0f}", f"{pct(values, 95):.0f}"])
+            summary.append(
+                [
+                    f"server: {label}",
+                    f"{percentile(values, 50):.0f}",
+                    f"{percentile(values, 95):.0f}",
+                ]
+            )
     print("\n" + table(summary, ["ms after end of speech", "p50", "p95"]))
     durations = []
     for key, label in DURATIONS:
         values = [t.server[key] for t in answered if key in t.server]
         if values:
-            durations.append([label, f"{pct(values, 50):.0f}", f"{pct(values, 95):.0f}"])
+            durations.append(
+                [label, f"{percentile(values, 50):.0f}", f"{percentile(values, 95):.0f}"]
+            )
     if durations:
         print("\n" + table(durations, ["stage duration ms", "p50", "p95"]))
     pacing = stats["pacing"]
@@ -345,8 +336,8 @@ async def main() -> None:
                 "calls": args.calls,
                 "turns": len(turns),
                 "answered": len(answered),
-                "client_p50": pct(client, 50),
-                "client_p95": pct(client, 95),
+                "client_p50": percentile(client, 50),
+                "client_p95": percentile(client, 95),
             }
         )
     )

@@ -30,21 +30,15 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.figures import percentile, table
+from voice_agent.testing.serving import start_server, wait_ready
 
-from bench.latency import (  # noqa: E402
-    CLIPS,
-    DURATIONS,
-    STAGES,
-    Turn,
-    connected,
-    pct,
-    spoken_turn,
-    table,
-)
-from bench.serving import start_server, wait_ready  # noqa: E402
-from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+# ``python bench/<script>.py`` puts bench/ on the path, not the checkout's
+# root, which the bench.* imports below are found from.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.latency import CLIPS, DURATIONS, STAGES, Turn, connected, spoken_turn
 
 ARMS = ("baseline", "variant")
 
@@ -53,7 +47,7 @@ def bootstrap_median(ratios: list[float], rounds: int = 2000) -> tuple[float, fl
     """A 90 % interval for the median ratio (resampling the pairs)."""
     rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(rounds))
-    return medians[int(0.05 * rounds)], medians[int(0.95 * rounds)]
+    return percentile(medians, 5), percentile(medians, 95)
 
 
 def arm_summary(turns: list[Turn]) -> dict[str, float]:
@@ -61,12 +55,12 @@ def arm_summary(turns: list[Turn]) -> dict[str, float]:
     summary: dict[str, float] = {}
     client = [t.client_ms for t in answered if t.client_ms is not None]
     if client:
-        summary["client voice-to-voice p50"] = pct(client, 50)
-        summary["client voice-to-voice p95"] = pct(client, 95)
+        summary["client voice-to-voice p50"] = percentile(client, 50)
+        summary["client voice-to-voice p95"] = percentile(client, 95)
     for key, label in [*STAGES, *DURATIONS]:
         values = [t.server[key] for t in answered if key in t.server]
         if values:
-            summary[f"server: {label} p50"] = pct(values, 50)
+            summary[f"server: {label} p50"] = percentile(values, 50)
     return summary
 
 

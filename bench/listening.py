@@ -39,15 +39,17 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from voice_agent.client import RealtimeClient
+from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.audio_data import silence, word_error_rate, words
+from voice_agent.testing.figures import percentile, table
+from voice_agent.testing.serving import servers_side_by_side
 
-from bench.latency import pct, table  # noqa: E402
-from bench.serving import servers_side_by_side  # noqa: E402
-from bench.speech_sets import Utterance, normalised, source, split_sets  # noqa: E402
-from tests.audio_data import silence, word_error_rate, words  # noqa: E402
-from voice_agent.client import RealtimeClient  # noqa: E402
-from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+# ``python bench/<script>.py`` puts bench/ on the path, not the checkout's
+# root, which the bench.* imports below are found from.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.speech_sets import Utterance, normalised, source, split_sets
 
 CODECS = ["audio/opus", "audio/PCMU"]
 ARMS = {"default": [], "full window": ["--stt-window", "full"]}
@@ -200,8 +202,8 @@ def report(results: list[Result]) -> None:
                     sum(not (r.transcript or "").strip() for r in mine),
                     sum(truncated(r) for r in mine),
                     sum(r.turns > 1 for r in mine),
-                    f"{pct(v2v, 50):.0f}" if v2v else "-",
-                    f"{pct(v2v, 95):.0f}" if v2v else "-",
+                    f"{percentile(v2v, 50):.0f}" if v2v else "-",
+                    f"{percentile(v2v, 95):.0f}" if v2v else "-",
                 ]
             )
     header = [

@@ -1,6 +1,6 @@
 """What the LLM client itself costs, and how fast it fails.
 
-Against the scripted OpenAI-wire peer (tests/scripted_llm.py, loopback, no
+Against the scripted OpenAI-wire peer (voice_agent/testing/scripted_llm.py, loopback, no
 model): time to first output and to the end of a 200-token reply for both
 APIs, assembling parallel tool calls, the spoken-text filter's throughput,
 how long until a dead endpoint or a hung one is reported, and how long
@@ -21,17 +21,18 @@ import argparse
 import asyncio
 import logging
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.ports import free_port  # noqa: E402
-from tests.scripted_llm import (  # noqa: E402
+from voice_agent.backends.base import ChatMessage, LlmError
+from voice_agent.backends.llama_server import EmbeddedLlamaServer, default_model_path
+from voice_agent.backends.llm_http import HttpLlmConfig
+from voice_agent.backends.llm_openai import OpenAIChatLlm
+from voice_agent.stages.text_filter import SpokenTextFilter
+from voice_agent.testing.figures import percentile
+from voice_agent.testing.ports import free_port
+from voice_agent.testing.scripted_llm import (
     Script,
     ScriptedLlmServer,
     call_events,
@@ -39,11 +40,6 @@ from tests.scripted_llm import (  # noqa: E402
     scripted_llm_server,
     text_events,
 )
-from voice_agent.backends.base import ChatMessage, LlmError  # noqa: E402
-from voice_agent.backends.llama_server import EmbeddedLlamaServer, default_model_path  # noqa: E402
-from voice_agent.backends.llm_http import HttpLlmConfig  # noqa: E402
-from voice_agent.backends.llm_openai import OpenAIChatLlm  # noqa: E402
-from voice_agent.stages.text_filter import SpokenTextFilter  # noqa: E402
 
 MESSAGES = [ChatMessage("system", "Be brief."), ChatMessage("user", "Tell me a story.")]
 TOKENS = [f"word{i} " for i in range(200)]
@@ -213,8 +209,7 @@ def table(rows: list[Row]) -> str:
         f"|{'-' * 64}|{'-' * 10}|{'-' * 10}|{'-' * 5}|",
     ]
     for name, values in rows:
-        ordered = sorted(values)
-        p90 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
+        p90 = percentile(values, 90)
         lines.append(
             f"| {name:<62} | {statistics.median(values):>8.2f} | {p90:>8.2f} | {len(values):>3} |"
         )

@@ -34,17 +34,19 @@ from typing import get_args
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from voice_agent.backends.base import ChatMessage
+from voice_agent.backends.llama_server import EmbeddedLlamaServer, default_model_path
+from voice_agent.backends.llm_http import HttpLlmConfig
+from voice_agent.backends.llm_openai import OpenAIChatLlm
+from voice_agent.backends.llm_weights import Quantisation, weights_for
+from voice_agent.config import Settings
+from voice_agent.session.conversation import Conversation
 
-from bench.prefill import TURNS, history, sse_chunks  # noqa: E402
-from voice_agent.backends.base import ChatMessage  # noqa: E402
-from voice_agent.backends.llama_server import EmbeddedLlamaServer, default_model_path  # noqa: E402
-from voice_agent.backends.llm_http import HttpLlmConfig  # noqa: E402
-from voice_agent.backends.llm_openai import OpenAIChatLlm  # noqa: E402
-from voice_agent.backends.llm_weights import Quantisation, weights_for  # noqa: E402
-from voice_agent.config import Settings  # noqa: E402
-from voice_agent.session.conversation import Conversation  # noqa: E402
+# ``python bench/<script>.py`` puts bench/ on the path, not the checkout's
+# root, which the bench.* imports below are found from.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.prefill import TURNS, history, sse_chunks
 
 PIECE_TOKENS = 8
 

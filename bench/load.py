@@ -31,12 +31,15 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.figures import percentile, table
+from voice_agent.testing.serving import start_server, wait_ready
 
-from bench.latency import Turn, one_call, pct, rss_mb, table  # noqa: E402
-from bench.serving import start_server, wait_ready  # noqa: E402
-from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+# ``python bench/<script>.py`` puts bench/ on the path, not the checkout's
+# root, which the bench.* imports below are found from.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.latency import Turn, one_call, rss_mb
 
 CLIENT_NICE = 10
 
@@ -140,15 +143,15 @@ async def measure(
 
     def stage(key: str) -> str:
         values = [t.server[key] for t in completed if key in t.server]
-        return f"{pct(values, 50):.0f}" if values else "-"
+        return f"{percentile(values, 50):.0f}" if values else "-"
 
     return [
         callers,
         len(completed),
         failed,
         refused,
-        f"{pct(v2v, 50):.0f}" if v2v else "-",
-        f"{pct(v2v, 95):.0f}" if v2v else "-",
+        f"{percentile(v2v, 50):.0f}" if v2v else "-",
+        f"{percentile(v2v, 95):.0f}" if v2v else "-",
         f"{late}/{frames}",
         f"{pacing_after['max_late_ms']:.0f}",  # type: ignore[index]
         f"{100 * cpu / wall / served:.0f}",

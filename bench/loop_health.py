@@ -18,15 +18,10 @@ import argparse
 import asyncio
 import logging
 import math
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.latency import table  # noqa: E402
-from voice_agent.loop_health import HEARTBEAT_INTERVAL_S, LoopHealthMonitor  # noqa: E402
+from voice_agent.loop_health import HEARTBEAT_INTERVAL_S, LoopHealthMonitor
+from voice_agent.testing.figures import table
 
 TASKS = 100
 

@@ -14,19 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
-from pathlib import Path
 
 import aiohttp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.serving import start_server, wait_ready  # noqa: E402
-from tests.audio_data import librivox, reference, silence, word_error_rate  # noqa: E402
-from voice_agent.client import RealtimeClient  # noqa: E402
-from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+from voice_agent.client import RealtimeClient
+from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
+from voice_agent.testing.serving import start_server, wait_ready
 
 CLIPS = ["0870", "0880", "0890", "0920", "0930"]
 CODECS = ["audio/opus", "audio/PCMU", "audio/PCMA"]

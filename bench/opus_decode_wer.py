@@ -28,10 +28,8 @@ import argparse
 import asyncio
 import fractions
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import av
@@ -40,15 +38,12 @@ import soxr
 from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.audio_data import goforward, librivox, reference, word_error_rate, words  # noqa: E402
-from voice_agent.audio.resample import StreamResampler  # noqa: E402
-from voice_agent.backends import registry  # noqa: E402
-from voice_agent.config import Settings  # noqa: E402
-from voice_agent.rtc.inbound import frame_to_mono_int16  # noqa: E402
-from voice_agent.rtc.opus_wideband import WidebandOpusDecoder  # noqa: E402
+from voice_agent.audio.resample import StreamResampler
+from voice_agent.backends import registry
+from voice_agent.config import Settings
+from voice_agent.rtc.inbound import frame_to_mono_int16
+from voice_agent.rtc.opus_wideband import WidebandOpusDecoder
+from voice_agent.testing.audio_data import goforward, librivox, reference, word_error_rate, words
 
 RATE = 16_000
 OPUS_RATE = 48_000

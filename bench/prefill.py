@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,14 +40,13 @@ from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from voice_agent.backends.base import ChatMessage  # noqa: E402
-from voice_agent.backends.llm_openai import OpenAIChatLlm  # noqa: E402
-from voice_agent.config import Settings  # noqa: E402
-from voice_agent.engine import Engine  # noqa: E402
-from voice_agent.session.conversation import Conversation  # noqa: E402
+from voice_agent.backends.base import ChatMessage
+from voice_agent.backends.llm_http import sse_events
+from voice_agent.backends.llm_openai import OpenAIChatLlm
+from voice_agent.config import Settings
+from voice_agent.engine import Engine
+from voice_agent.session.conversation import Conversation
+from voice_agent.testing.figures import percentile
 
 # Typical spoken turns, 12-25 words each.
 TURNS = [
@@ -117,13 +114,12 @@ class Result:
 async def sse_chunks(
     http: aiohttp.ClientSession, url: str, body: dict[str, Any]
 ) -> AsyncIterator[dict[str, Any]]:
-    """Each JSON chunk of a streamed Chat Completions request."""
+    """Each JSON chunk of a streamed Chat Completions request, read by the
+    LLM client's own event-stream parser."""
     async with http.post(url, json=body) as response:
         response.raise_for_status()
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if line.startswith("data: ") and line != "data: [DONE]":
-                yield json.loads(line[6:])
+        async for chunk in sse_events(response):
+            yield chunk
 
 
 async def reply(
@@ -173,14 +169,9 @@ async def one_round(
     return await reply(http, llm, base_url, conversation.messages_for(turn))
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def table(results: dict[str, Result], cut: int) -> str:
     base = statistics.median(results["history"].first_ms)
-    base95 = percentile(results["history"].first_ms, 0.95)
+    base95 = percentile(results["history"].first_ms, 95)
     lines = [
         f"| {'cache state before the reply':<46} | {'TTFT p50':>8} | {'p95':>7} "
         f"| {'p50/(b)':>7} | {'p95/(b)':>7} | {'prompt tok':>10} | {'n':>3} |",
@@ -189,7 +180,7 @@ def table(results: dict[str, Result], cut: int) -> str:
     for condition in CONDITIONS:
         r = results[condition]
         p50 = statistics.median(r.first_ms)
-        p95 = percentile(r.first_ms, 0.95)
+        p95 = percentile(r.first_ms, 95)
         lines.append(
             f"| {LABELS[condition].format(cut=cut):<46} | {p50:>6.1f}ms | {p95:>5.1f}ms "
             f"| {p50 / base:>7.2f} | {p95 / base95:>7.2f} "

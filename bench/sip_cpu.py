@@ -1,10 +1,11 @@
 """CPU per phone call: the SIP gateway (Kamailio + rtpengine) and the service.
 
-Builds the test lab (tests/sip_lab.py: a network namespace with the gateway,
-the service with a scripted LLM, and baresip phones), places N concurrent
-calls, each caller speaking a recording in a loop (so turns, replies and
-silence all happen), and reads every process's CPU time from /proc over a
-window in the middle of the calls. Needs root and the Debian packages.
+Builds the test lab (voice_agent/testing/sip_lab.py: a network namespace
+with the gateway, the service with a scripted LLM, and baresip phones),
+places N concurrent calls, each caller speaking a recording in a loop (so
+turns, replies and silence all happen), and reads every process's CPU time
+from /proc over a window in the middle of the calls. Needs root and the
+Debian packages.
 
     .venv/bin/python bench/sip_cpu.py --calls 4 --window 20
     .venv/bin/python bench/sip_cpu.py --calls 4 --silent     # media only
@@ -15,19 +16,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.audio_data import librivox, silence  # noqa: E402
-from tests.scripted_llm import Script, chat_text  # noqa: E402
-from tests.sip_lab import PHONE_RATE, Phone, missing, sip_lab  # noqa: E402
-from voice_agent.audio.resample import StreamResampler  # noqa: E402
+from voice_agent.audio.resample import StreamResampler
+from voice_agent.testing.audio_data import librivox, silence
+from voice_agent.testing.scripted_llm import Script, chat_text
+from voice_agent.testing.sip_lab import PHONE_RATE, missing, sip_lab
+from voice_agent.testing.sip_phone import Phone
 
 TICKS = os.sysconf("SC_CLK_TCK")
 GATEWAY_NAMES = {"kamailio", "rtpengine"}

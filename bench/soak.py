@@ -38,13 +38,16 @@ from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.figures import table
+from voice_agent.testing.serving import start_server, wait_ready
 
-from bench.latency import one_call, table  # noqa: E402
-from bench.load import CLIENT_NICE  # noqa: E402
-from bench.serving import start_server, wait_ready  # noqa: E402
-from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+# ``python bench/<script>.py`` puts bench/ on the path, not the checkout's
+# root, which the bench.* imports below are found from.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.latency import one_call
+from bench.load import CLIENT_NICE
 
 CONCURRENT = 5
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"

@@ -35,11 +35,9 @@ import av
 import numpy as np
 import soxr
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from voice_agent.testing.audio_data import ASTERISK, librivox, reference, speech_bounds, words
 
-from tests.audio_data import ASTERISK, librivox, reference, speech_bounds, words  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CACHE = ROOT / ".cache" / "speech"
 RATE = 16_000

@@ -20,23 +20,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.latency import pct, table  # noqa: E402
-from tests.audio_data import librivox  # noqa: E402
-from tests.tiny_nemo import build_tiny_ctc, build_untrained_ctc, phrase_audio  # noqa: E402
-from voice_agent.backends import registry  # noqa: E402
-from voice_agent.backends.base import SttBackend  # noqa: E402
-from voice_agent.backends.capabilities import ReportsStats  # noqa: E402
-from voice_agent.config import Settings  # noqa: E402
+from voice_agent.backends import registry
+from voice_agent.backends.base import SttBackend
+from voice_agent.backends.capabilities import ReportsStats
+from voice_agent.config import Settings
+from voice_agent.testing.audio_data import librivox
+from voice_agent.testing.figures import percentile, table
+from voice_agent.testing.tiny_nemo import build_tiny_ctc, build_untrained_ctc, phrase_audio
 
 CLIPS = [phrase_audio("goforward"), *(librivox(c) for c in ("0880", "0930", "0890", "0920"))]
 RATE = 16_000
@@ -64,8 +60,8 @@ async def run(stt: SttBackend, sessions: int, utterances: int) -> dict[str, Any]
         sizes = found if isinstance(found, dict) else {}
     return {
         "throughput": audio_s / wall,
-        "p50": pct(latencies, 50) * 1000,
-        "p95": pct(latencies, 95) * 1000,
+        "p50": percentile(latencies, 50) * 1000,
+        "p95": percentile(latencies, 95) * 1000,
         "sizes": sizes,
     }
 

@@ -7,7 +7,7 @@ seconds of audio made (under 1: faster than it plays). One warm-up piece per
 backend first; then ``--runs`` of each text, one at a time.
 
 - ``piper``: each voice of ``--tts-voice`` (default: the packaged joe).
-- ``openai``: the remote backend against tests/speech_server.py (OpenAI's
+- ``openai``: the remote backend against voice_agent/testing/speech_server.py (OpenAI's
   ``/v1/audio/speech``, streamed PCM, the packaged Piper voice) in a separate
   process, over loopback HTTP; or against ``--tts-base-url`` when given.
 - ``coqui``: when its backend is registered and installed and
@@ -27,18 +27,14 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.latency import pct, table  # noqa: E402
-from tests.ports import free_port  # noqa: E402
-from voice_agent.backends import registry  # noqa: E402
-from voice_agent.backends.base import TtsBackend  # noqa: E402
-from voice_agent.backends.capabilities import ClosesAsync  # noqa: E402
-from voice_agent.config import Settings  # noqa: E402
+from voice_agent.backends import registry
+from voice_agent.backends.base import TtsBackend
+from voice_agent.backends.capabilities import ClosesAsync
+from voice_agent.config import Settings
+from voice_agent.testing.figures import percentile, table
+from voice_agent.testing.ports import free_port
 
 TEXTS = {
     "short": "Hello there.",
@@ -86,10 +82,10 @@ async def bench_backend(
                     label,
                     voice,
                     kind,
-                    f"{1000 * pct(firsts, 50):.0f}",
-                    f"{1000 * pct(firsts, 95):.0f}",
-                    f"{pct(factors, 50):.3f}",
-                    f"{sorted(chunk_counts)[len(chunk_counts) // 2]}",
+                    f"{1000 * percentile(firsts, 50):.0f}",
+                    f"{1000 * percentile(firsts, 95):.0f}",
+                    f"{percentile(factors, 50):.3f}",
+                    f"{percentile(chunk_counts, 50):.0f}",
                 ]
             )
     return rows
@@ -104,14 +100,12 @@ async def close(tts: TtsBackend) -> None:
 
 @asynccontextmanager
 async def speech_server_process(threads: int) -> AsyncIterator[str]:
-    """tests/speech_server.py in its own process; its base URL."""
+    """voice_agent/testing/speech_server.py in its own process; its base URL."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "tests.speech_server", "--port", str(port)),
+        *(sys.executable, "-m", "voice_agent.testing.speech_server", "--port", str(port)),
         *("--threads", str(threads)),
         stdout=asyncio.subprocess.PIPE,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert process.stdout is not None

@@ -37,15 +37,17 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from voice_agent.client import RealtimeClient
+from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.audio_data import levels_db, noise_burst, silence, speech_bounds, words
+from voice_agent.testing.figures import percentile, table
+from voice_agent.testing.serving import servers_side_by_side
 
-from bench.latency import pct, table  # noqa: E402
-from bench.serving import servers_side_by_side  # noqa: E402
-from bench.speech_sets import split_sets  # noqa: E402
-from tests.audio_data import _levels_db, noise_burst, silence, speech_bounds, words  # noqa: E402
-from voice_agent.client import RealtimeClient  # noqa: E402
-from voice_agent.rtc.call import restrict_host_addresses  # noqa: E402
+# ``python bench/<script>.py`` puts bench/ on the path, not the checkout's
+# root, which the bench.* imports below are found from.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.speech_sets import split_sets
 
 RATE = 16_000
 ARMS = {"semantic": ["--turn-detection", "semantic"], "silence": ["--turn-detection", "silence"]}
@@ -86,7 +88,7 @@ class Tally:
 def widest_middle_gap(audio: np.ndarray) -> int | None:
     """Sample index of the start of the widest quiet gap (10 ms windows
     under -35 dB) between 30 % and 70 % of the speech, if one is 40 ms+."""
-    levels = _levels_db(audio)
+    levels = levels_db(audio)
     start, end = speech_bounds(audio)
     lo, hi = int(start * 100 + (end - start) * 30), int(start * 100 + (end - start) * 70)
     best, best_len, run = None, 0, 0
@@ -298,11 +300,11 @@ def report(tallies: dict[str, Tally]) -> None:
             [
                 arm,
                 len(tally.v2v_ms),
-                f"{pct(tally.v2v_ms, 50):.0f}" if tally.v2v_ms else "-",
-                f"{pct(tally.v2v_ms, 95):.0f}" if tally.v2v_ms else "-",
+                f"{percentile(tally.v2v_ms, 50):.0f}" if tally.v2v_ms else "-",
+                f"{percentile(tally.v2v_ms, 95):.0f}" if tally.v2v_ms else "-",
                 tally.unanswered,
                 f"{sum(tally.coughs)}/{len(tally.coughs)}",
-                f"{pct(stops, 50):.0f}" if stops else "-",
+                f"{percentile(stops, 50):.0f}" if stops else "-",
                 f"{max(stops):.0f}" if stops else "-",
                 tally.not_stopped,
                 tally.no_long_reply,

@@ -15,12 +15,12 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from tests.ports import free_port
-from tests.scripted_llm import ScriptedLlmServer, scripted_llm_server
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.server.app import CALLS, build_app
 from voice_agent.server.calls import CallRegistry
+from voice_agent.testing.ports import free_port
+from voice_agent.testing.scripted_llm import ScriptedLlmServer, scripted_llm_server
 
 # The STT tests' fixtures (tiny NeMo model, parakeet backend) live in their own module.
 pytest_plugins = ["tests.stt_fixtures"]
@@ -124,7 +124,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest_asyncio.fixture
 async def peer() -> AsyncIterator[ScriptedLlmServer]:
-    """A scripted LLM server (tests/scripted_llm.py) for one test."""
+    """A scripted LLM server (voice_agent/testing/scripted_llm.py) for one test."""
     async with scripted_llm_server() as server:
         yield server
 
@@ -138,7 +138,7 @@ def anyio_backend() -> str:
 # test uses, directly or through others (server_factory, call, parakeet_server
 # all need the engine): the engine loads Whisper, Piper, Smart Turn, Silero and
 # llama-server, tiny_nemo_model builds a NeMo model, playwright drives
-# Chromium. A module that imports the SIP lab (tests/sip_lab.py) runs it.
+# Chromium. A module that imports the SIP lab (voice_agent/testing) runs it.
 # Tests that start a model, a container or a browser themselves carry their
 # marker in their module.
 MARKERS_BY_FIXTURE = {"engine": "models", "tiny_nemo_model": "models", "playwright": "browser"}

@@ -11,15 +11,15 @@ import aiohttp
 import pytest
 
 from tests import conftest
-from tests.scripted_llm import (
+from voice_agent.client import RealtimeClient
+from voice_agent.engine import Engine
+from voice_agent.testing.scripted_llm import (
     ScriptedLlmServer,
     close_quietly,
     engine_with_llm,
     make_llm,
     scripted_llm_server,
 )
-from voice_agent.client import RealtimeClient
-from voice_agent.engine import Engine
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ import pytest
 import pytest_asyncio
 
 from tests.conftest import RunningServer, run_server, test_settings
-from tests.tiny_nemo import build_tiny_ctc
 from voice_agent.backends import registry
 from voice_agent.backends.base import SttBackend
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.session.session import Models
+from voice_agent.testing.tiny_nemo import build_tiny_ctc
 
 
 class SharedEngine(Engine):

@@ -14,13 +14,13 @@ import pytest
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
-from tests.audio_data import librivox, reference, silence, word_error_rate
 from tests.conftest import ServerFactory
 from voice_agent.client import RealtimeClient
 from voice_agent.rtc import opus_wideband
 from voice_agent.rtc.arrival_order import ATTRIBUTE, ArrivalOrderBuffer
 from voice_agent.rtc.call import Call
 from voice_agent.rtc.decoder_hop import InlineDecoder
+from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
 
 
 def packet(sequence: int, timestamp: int, ssrc: int = 1234) -> RtpPacket:

@@ -14,10 +14,10 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import RunningServer, ServerFactory, serve_refusing_to_start
-from tests.ports import free_port
 from voice_agent.client import RealtimeClient
 from voice_agent.config import Settings
 from voice_agent.server.auth import Authenticator
+from voice_agent.testing.ports import free_port
 
 KEY = "sk-test-good-0123456"
 OTHER = "sk-other-key-0123456"

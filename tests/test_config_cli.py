@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 
 from tests.conftest import serve_refusing_to_start
-from tests.ports import free_port
 from voice_agent.cli import build_parser, main
 from voice_agent.config import Settings, load_settings
+from voice_agent.testing.ports import free_port
 
 
 def test_flags_beat_environment_which_beats_the_file(

@@ -31,10 +31,10 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from bench.serving import wait_ready
-from tests.audio_data import librivox, silence
-from tests.ports import free_port
 from voice_agent.client import RealtimeClient, fetch_ice_servers
+from voice_agent.testing.audio_data import librivox, silence
+from voice_agent.testing.ports import free_port
+from voice_agent.testing.serving import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

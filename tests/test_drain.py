@@ -13,10 +13,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.serving import start_server, wait_ready
 from tests.test_websocket import events_until, typed_turn
 from voice_agent.client import RealtimeClient
 from voice_agent.config import Settings
+from voice_agent.testing.serving import start_server, wait_ready
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]
 

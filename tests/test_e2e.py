@@ -9,9 +9,15 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests.audio_data import heard_as_its_own, librivox, reference, silence, word_error_rate
 from tests.conftest import ServerFactory
 from voice_agent.client import RealtimeClient
+from voice_agent.testing.audio_data import (
+    heard_as_its_own,
+    librivox,
+    reference,
+    silence,
+    word_error_rate,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -20,9 +20,13 @@ import numpy as np
 import pytest
 
 from tests import conftest
-from tests.audio_data import goforward, librivox, reference, silence, word_error_rate
 from tests.conftest import ServerFactory
-from tests.scripted_llm import (
+from voice_agent.audio.echo import EchoCanceller
+from voice_agent.audio.echo_presence import EchoPresence
+from voice_agent.client import RealtimeClient, SimulatedEcho
+from voice_agent.engine import Engine
+from voice_agent.testing.audio_data import goforward, librivox, reference, silence, word_error_rate
+from voice_agent.testing.scripted_llm import (
     Script,
     ScriptedLlmServer,
     chat_text,
@@ -30,10 +34,6 @@ from tests.scripted_llm import (
     engine_with_llm,
     make_llm,
 )
-from voice_agent.audio.echo import EchoCanceller
-from voice_agent.audio.echo_presence import EchoPresence
-from voice_agent.client import RealtimeClient, SimulatedEcho
-from voice_agent.engine import Engine
 
 pytestmark = pytest.mark.e2e
 

@@ -16,16 +16,7 @@ import numpy as np
 import pytest
 
 from tests import conftest
-from tests.audio_data import librivox, silence, telephone_prompt
 from tests.scripted_call import peer
-from tests.scripted_llm import (
-    Script,
-    ScriptedLlmServer,
-    chat_text,
-    close_quietly,
-    engine_with_llm,
-    make_llm,
-)
 from voice_agent.backends.turn_smart import SmartTurn, SmartTurnFeatures, packaged_weights
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
@@ -33,6 +24,15 @@ from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.endpointing import EAGERNESS, words_unfinished
 from voice_agent.session.events import UserTurnCommitted
 from voice_agent.session.session import VoiceSession
+from voice_agent.testing.audio_data import librivox, silence, telephone_prompt
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    chat_text,
+    close_quietly,
+    engine_with_llm,
+    make_llm,
+)
 
 __all__ = ["peer"]  # the fixture
 RATE = 16_000

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.audio_data import librivox
 from tests.conftest import ServerFactory
+from voice_agent.testing.audio_data import librivox
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.audio_data import librivox, noise_burst, silence, telephone_prompt
 from tests.realtime_events import appended_audio, typed
 from tests.scripted_call import ask, call, peer
-from tests.scripted_llm import Script, ScriptedLlmServer, chat_text
 from voice_agent.client import RealtimeClient
 from voice_agent.session.barge_in import is_backchannel
+from voice_agent.testing.audio_data import librivox, noise_burst, silence, telephone_prompt
+from voice_agent.testing.scripted_llm import Script, ScriptedLlmServer, chat_text
 
 pytestmark = pytest.mark.e2e
 __all__ = ["call", "peer"]  # the fixtures

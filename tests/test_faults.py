@@ -32,18 +32,9 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from tests.audio_data import goforward, librivox, reference, silence, word_error_rate
 from tests.conftest import RunningServer, run_server
 from tests.conftest import test_settings as settings_with
 from tests.realtime_events import typed
-from tests.scripted_llm import (
-    Script,
-    ScriptedLlmServer,
-    close_quietly,
-    engine_with_llm,
-    make_llm,
-    text_events,
-)
 from tests.stt_fixtures import engine_with_models
 from tests.test_llm_readiness import wait_for_readyz
 from tests.test_signaling import post, real_offer
@@ -57,6 +48,15 @@ from voice_agent.client import RealtimeClient
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.rtc.call import Call
+from voice_agent.testing.audio_data import goforward, librivox, reference, silence, word_error_rate
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    close_quietly,
+    engine_with_llm,
+    make_llm,
+    text_events,
+)
 
 pytestmark = pytest.mark.e2e
 log = logging.getLogger(__name__)

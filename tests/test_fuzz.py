@@ -52,12 +52,17 @@ from tests.fuzz_inputs import (
 from tests.leaks import assert_nothing_left, held
 from tests.logged import Logged
 from tests.realtime_events import typed
-from tests.scripted_llm import Script, ScriptedLlmServer, scripted_llm_server, text_events
 from tests.test_llm_proxy import proxied
 from tests.test_signaling import CALLS, real_offer
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.server.llm_proxy import CHAT_FIELDS, RESPONSES_FIELDS, TOKEN_FIELDS
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    scripted_llm_server,
+    text_events,
+)
 
 # Hypothesis checks that strategies leave the global random state alone; the
 # server, running on the loop meanwhile, draws from it (aioice's timer jitter).

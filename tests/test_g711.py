@@ -12,9 +12,9 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests.audio_data import librivox, reference, silence, word_error_rate
 from tests.conftest import ServerFactory
 from voice_agent.client import RealtimeClient
+from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
 
 pytestmark = pytest.mark.e2e
 

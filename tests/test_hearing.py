@@ -12,18 +12,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from tests.audio_data import (
-    ASTERISK,
-    goforward,
-    librivox,
-    reference,
-    silence,
-    telephone_prompt,
-    word_error_rate,
-)
 from tests.conftest import run_server
 from tests.conftest import test_settings as settings_with
-from tests.scripted_llm import Script, ScriptedLlmServer, close_quietly, make_llm, text_events
 from tests.stt_fixtures import engine_with_models
 from tests.test_faults import API, OTHER_REPLY, apology_heard, caller, failure_code, say, transcript
 from tests.transcription_server import API_KEY, transcription_server
@@ -40,6 +30,22 @@ from voice_agent.stages.transcript_check import (
     hallucinated,
     has_loop,
     without_loop,
+)
+from voice_agent.testing.audio_data import (
+    ASTERISK,
+    goforward,
+    librivox,
+    reference,
+    silence,
+    telephone_prompt,
+    word_error_rate,
+)
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    close_quietly,
+    make_llm,
+    text_events,
 )
 
 SPEECH_MS = 2000  # what the VAD reports for a clearly voiced turn

@@ -5,7 +5,6 @@ cached prompt survives the other sessions' turns."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from voice_agent.backends.llama_server import MODEL_ALIAS
+from voice_agent.backends.llm_http import sse_events
 from voice_agent.engine import Engine
 
 SYSTEM = (
@@ -45,11 +45,7 @@ async def complete(
     finish: str | None = None
     async with http.post(url + "/chat/completions", json=body) as response:
         assert response.status == 200, await response.text()
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        async for chunk in sse_events(response):
             for choice in chunk.get("choices") or []:
                 text.append((choice.get("delta") or {}).get("content") or "")
                 finish = choice.get("finish_reason") or finish

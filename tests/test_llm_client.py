@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.ports import free_port
-from tests.scripted_llm import (
+from voice_agent.backends.base import ChatMessage, LlmError, ToolCall, ToolSpec
+from voice_agent.testing.ports import free_port
+from voice_agent.testing.scripted_llm import (
     API_PATHS,
     Script,
     ScriptedLlmServer,
@@ -19,7 +20,6 @@ from tests.scripted_llm import (
     make_llm,
     text_events,
 )
-from voice_agent.backends.base import ChatMessage, LlmError, ToolCall, ToolSpec
 
 APIS = ["chat-completions", "responses"]
 MESSAGES = [

@@ -11,9 +11,11 @@ import aiohttp
 import pytest
 
 from tests import conftest
-from tests.ports import free_port
 from tests.realtime_events import typed
-from tests.scripted_llm import (
+from voice_agent.client import RealtimeClient
+from voice_agent.engine import Engine
+from voice_agent.testing.ports import free_port
+from voice_agent.testing.scripted_llm import (
     Script,
     ScriptedLlmServer,
     call_events,
@@ -23,8 +25,6 @@ from tests.scripted_llm import (
     make_llm,
     text_events,
 )
-from voice_agent.client import RealtimeClient
-from voice_agent.engine import Engine
 
 pytestmark = pytest.mark.e2e
 API = "chat-completions"

@@ -6,8 +6,11 @@ import pytest
 
 from tests.conftest import serve_refusing_to_start
 from tests.conftest import test_settings as settings_for
-from tests.ports import free_port
-from tests.scripted_llm import (
+from voice_agent.backends.llm_openai import OpenAIChatLlm
+from voice_agent.backends.llm_responses import OpenAIResponsesLlm
+from voice_agent.engine import Engine
+from voice_agent.testing.ports import free_port
+from voice_agent.testing.scripted_llm import (
     Script,
     close_quietly,
     engine_with_llm,
@@ -15,9 +18,6 @@ from tests.scripted_llm import (
     scripted_llm_server,
     text_events,
 )
-from voice_agent.backends.llm_openai import OpenAIChatLlm
-from voice_agent.backends.llm_responses import OpenAIResponsesLlm
-from voice_agent.engine import Engine
 
 REMOTE = f"http://127.0.0.1:{free_port()}/v1"
 

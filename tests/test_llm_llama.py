@@ -5,7 +5,6 @@ session.update over WebRTC, the proxy, and the Responses API."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,12 +17,13 @@ from aiohttp import web
 
 from tests.conftest import ServerFactory, run_server
 from tests.conftest import test_settings as settings_for
-from tests.scripted_llm import close_quietly, engine_with_llm
 from voice_agent.backends.base import ChatMessage, LlmBackend
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
+from voice_agent.testing.scripted_llm import close_quietly, engine_with_llm
+from voice_agent.testing.sse import sse_payloads
 
 
 def llm_of(engine: Engine) -> LlmBackend:
@@ -170,7 +170,7 @@ async def test_the_proxy_serves_the_embedded_model(
     async with http.post(server.url + "/v1/chat/completions", json=request) as response:
         assert response.status == 200
         lines = (await response.text()).splitlines()
-    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    chunks = await sse_payloads("\n".join(lines))
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert text.strip()
     assert "data: [DONE]" in lines

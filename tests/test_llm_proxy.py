@@ -5,23 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from typing import Any
 
 import aiohttp
 import pytest
 
 from tests import conftest
-from tests.ports import free_port
-from tests.scripted_llm import (
+from voice_agent.backends.llm_http import HttpLlmConfig
+from voice_agent.engine import Engine
+from voice_agent.strict_json import MAX_DEPTH
+from voice_agent.testing.ports import free_port
+from voice_agent.testing.scripted_llm import (
     Script,
     ScriptedLlmServer,
     engine_with_llm,
     text_events,
 )
-from voice_agent.backends.llm_http import HttpLlmConfig
-from voice_agent.engine import Engine
-from voice_agent.strict_json import MAX_DEPTH
+from voice_agent.testing.sse import sse_payloads
 
 SECRET = "sk-server-secret"
 
@@ -63,8 +63,7 @@ async def test_requests_are_forwarded_with_the_server_s_model_and_key(
     assert request["model"] == "server-model"
     assert peer.authorizations == [f"Bearer {SECRET}"]
     assert SECRET not in body
-    deltas = [line for line in body.splitlines() if line.startswith("data: {")]
-    assert [json.loads(d[6:]) for d in deltas] == text_events(api, "Hello ", "there.")
+    assert await sse_payloads(body) == text_events(api, "Hello ", "there.")
 
 
 @pytest.mark.parametrize(

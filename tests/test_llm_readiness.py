@@ -17,10 +17,10 @@ import pytest_asyncio
 
 from tests.conftest import run_server, serve_refusing_to_start
 from tests.conftest import test_settings as settings_for_test
-from tests.ports import free_port
 from tests.test_signaling import CALLS, real_offer
 from voice_agent.backends.base import ChatMessage, LlmError
 from voice_agent.engine import Engine
+from voice_agent.testing.ports import free_port
 
 pytestmark = pytest.mark.models
 

@@ -10,15 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.scripted_llm import (
-    Script,
-    ScriptedLlmServer,
-    call_events,
-    chat_text,
-    close_quietly,
-    make_llm,
-    text_events,
-)
 from voice_agent.backends.base import ChatMessage, ToolCall, ToolSpec
 from voice_agent.engine import Engine
 from voice_agent.session.conversation import Conversation
@@ -31,6 +22,15 @@ from voice_agent.session.events import (
 )
 from voice_agent.session.response import OUTPUT_FRAME_SAMPLES, PieceTag, ReplySettings, Response
 from voice_agent.session.tools import ToolRegistry
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    call_events,
+    chat_text,
+    close_quietly,
+    make_llm,
+    text_events,
+)
 
 APIS = ["chat-completions", "responses"]
 APOLOGY = "Sorry, I can't answer right now."

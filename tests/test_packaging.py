@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.ports import free_port
+from voice_agent.testing.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +48,7 @@ def test_the_wheel_carries_the_page_and_the_sdk(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("index.html", "app.js", "voice-agent.js", "voice-agent.d.ts"):
         assert f"voice_agent/web/{name}" in names, sorted(names)
+    assert not [n for n in names if n.startswith("voice_agent/testing/")]  # checkout only
 
 
 async def test_the_installed_wheel_serves_the_page_and_the_sdk(

@@ -12,11 +12,9 @@ import aiohttp
 import numpy as np
 import pytest
 
-from tests.audio_data import silence
 from tests.conftest import RunningServer, run_server, serve_refusing_to_start
 from tests.conftest import test_settings as settings_with
 from tests.stt_fixtures import engine_with_stt, load_stt, parakeet_settings
-from tests.tiny_nemo import PHRASES, build_untrained_transducer, phrase_audio
 from voice_agent.backends import registry
 from voice_agent.backends.base import SttBackend
 from voice_agent.backends.capabilities import CarefulTranscriber
@@ -26,6 +24,8 @@ from voice_agent.engine import Engine
 from voice_agent.session.events import SessionEvent, UserTranscript, UserTranscriptDelta
 from voice_agent.session.hearing import Hearing, HearingStats
 from voice_agent.session.session import VoiceSession
+from voice_agent.testing.audio_data import silence
+from voice_agent.testing.tiny_nemo import PHRASES, build_untrained_transducer, phrase_audio
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 

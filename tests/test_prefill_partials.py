@@ -17,10 +17,18 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from tests.audio_data import librivox, silence
 from tests.conftest import run_server
 from tests.conftest import test_settings as settings_with
-from tests.scripted_llm import (
+from tests.stt_fixtures import engine_with_models, parakeet_settings
+from tests.test_llama_slots import complete
+from voice_agent.backends.base import ChatMessage, SttBackend, ToolCall
+from voice_agent.backends.llm_openai import OpenAIChatLlm, chat_message
+from voice_agent.client import RealtimeClient
+from voice_agent.engine import Engine
+from voice_agent.session.conversation import Conversation
+from voice_agent.session.prefill import PrefillGate, RepliesWatched, SessionPrefills
+from voice_agent.testing.audio_data import librivox, silence
+from voice_agent.testing.scripted_llm import (
     Json,
     Script,
     ScriptedLlmServer,
@@ -29,15 +37,7 @@ from tests.scripted_llm import (
     make_llm,
     scripted_llm_server,
 )
-from tests.stt_fixtures import engine_with_models, parakeet_settings
-from tests.test_llama_slots import complete
-from tests.tiny_nemo import phrase_audio
-from voice_agent.backends.base import ChatMessage, SttBackend, ToolCall
-from voice_agent.backends.llm_openai import OpenAIChatLlm, chat_message
-from voice_agent.client import RealtimeClient
-from voice_agent.engine import Engine
-from voice_agent.session.conversation import Conversation
-from voice_agent.session.prefill import PrefillGate, RepliesWatched, SessionPrefills
+from voice_agent.testing.tiny_nemo import phrase_audio
 
 pytestmark = pytest.mark.e2e
 

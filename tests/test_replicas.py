@@ -14,10 +14,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bench.serving import start_server, wait_ready
-from tests.local_http import serve_on_loopback
-from tests.scripted_llm import Script, ScriptedLlmServer, chat_text, scripted_llm_server
 from voice_agent.client import RealtimeClient
+from voice_agent.testing.local_http import serve_on_loopback
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    chat_text,
+    scripted_llm_server,
+)
+from voice_agent.testing.serving import start_server, wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -12,8 +12,8 @@ import pytest
 
 from tests.realtime_events import typed
 from tests.scripted_call import answered, ask, call, history, peer
-from tests.scripted_llm import Script, ScriptedLlmServer, chat_text
 from voice_agent.client import RealtimeClient
+from voice_agent.testing.scripted_llm import Script, ScriptedLlmServer, chat_text
 
 pytestmark = pytest.mark.e2e
 __all__ = ["call", "peer"]  # the fixtures

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from tests.ports import free_port
 from voice_agent.backends.llama_server import find_llama_server
+from voice_agent.testing.ports import free_port
 
 PORTABLE_FLAG = "-DGGML_NATIVE=OFF"
 

@@ -14,9 +14,14 @@ from aiortc import RTCPeerConnection
 from tests import conftest
 from tests.conftest import ServerFactory
 from tests.leaks import assert_nothing_left, held
-from tests.scripted_llm import close_quietly, engine_with_llm, make_llm, scripted_llm_server
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
+from voice_agent.testing.scripted_llm import (
+    close_quietly,
+    engine_with_llm,
+    make_llm,
+    scripted_llm_server,
+)
 
 CALLS = "/v1/realtime/calls"
 

@@ -1,6 +1,7 @@
 """Phone calls through the SIP gateway (deploy/sip/): a real SIP phone
 (baresip) and SIPp call Kamailio + rtpengine, which bridge to the real
-service, all inside a network namespace of the test's own (tests/sip_lab.py).
+service, all inside a network namespace of the test's own
+(voice_agent/testing/sip_lab.py).
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from tests.audio_data import librivox, reference, silence, word_error_rate
 from tests.conftest import test_settings as service_settings
-from tests.scripted_llm import Script, chat_text
-from tests.sip_lab import PHONE, PHONE_RATE, Phone, SipLab, missing, sip_lab, start_gateway
 from tests.stt_fixtures import load_stt
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import SttBackend
+from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
+from voice_agent.testing.scripted_llm import Script, chat_text
+from voice_agent.testing.sip_lab import PHONE, PHONE_RATE, SipLab, missing, sip_lab, start_gateway
+from voice_agent.testing.sip_phone import Phone
 
 REPLY = "The weather today is sunny and warm, with a light breeze."
 INSTRUCTIONS = "You answer the phone. Caller (unverified): {caller_id}; dialled: {called_number}."

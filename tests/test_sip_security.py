@@ -1,6 +1,6 @@
 """The SIP gateway's defences against callers on the open internet, with real
 SIP (SIPp) through the real gateway (Kamailio + rtpengine) to the real
-service, in the lab's network namespace (tests/sip_lab.py):
+service, in the lab's network namespace (voice_agent/testing/sip_lab.py):
 
 - a source that is no trunk gets 403, and neither rtpengine nor the service
   hears of it;
@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tests.sip_lab import (
+from voice_agent.testing.sip_lab import (
     FLOODER,
     GATEWAY,
     GATEWAY_SCRIPT,

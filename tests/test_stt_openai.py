@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from tests.audio_data import silence
 from tests.conftest import run_server
 from tests.conftest import test_settings as settings_with
 from tests.stt_fixtures import engine_with_stt
-from tests.tiny_nemo import phrase_audio
 from tests.transcription_server import API_KEY, TranscriptionServer, transcription_server
 from voice_agent.backends import registry
 from voice_agent.backends.base import SttBackend
 from voice_agent.backends.stt_openai import OpenAIStt, RemoteSttError
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
+from voice_agent.testing.audio_data import silence
+from voice_agent.testing.tiny_nemo import phrase_audio
 
 
 @pytest_asyncio.fixture

@@ -1,5 +1,5 @@
 """Coqui TTS (``--tts coqui``) with tiny models built here by Coqui's own
-classes (tests/tiny_coqui.py): XTTS streams chunk by chunk to a real WebRTC
+classes (voice_agent/testing/tiny_coqui.py): XTTS streams chunk by chunk to a real WebRTC
 peer, a barge-in closes its generator, sessions share the one model, a
 multi-speaker VITS speaks with its speakers, and a missing or corrupt model
 stops start-up with a clear message."""
@@ -20,16 +20,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from tests.audio_data import librivox
 from tests.conftest import RunningServer, run_server, serve_refusing_to_start
 from tests.conftest import test_settings as settings_with
-from tests.scripted_llm import (
-    Script,
-    ScriptedLlmServer,
-    chat_text,
-    close_quietly,
-    make_llm,
-)
 from tests.stt_fixtures import engine_with_models
 from voice_agent.backends import registry
 from voice_agent.backends.base import synthesize
@@ -37,6 +29,14 @@ from voice_agent.backends.packaged import is_installed
 from voice_agent.client import RealtimeClient
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
+from voice_agent.testing.audio_data import librivox
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    chat_text,
+    close_quietly,
+    make_llm,
+)
 
 if not is_installed("TTS"):
     pytest.skip(
@@ -44,7 +44,8 @@ if not is_installed("TTS"):
         allow_module_level=True,
     )
 
-from tests.tiny_coqui import (
+from voice_agent.backends.tts_coqui import XTTS_CHUNK_TOKENS, CoquiTts, _XttsStream
+from voice_agent.testing.tiny_coqui import (
     VITS_SPEAKERS,
     XTTS_SPEAKER,
     XTTS_TOKENS,
@@ -52,7 +53,6 @@ from tests.tiny_coqui import (
     build_tiny_xtts,
     speaker_wav,
 )
-from voice_agent.backends.tts_coqui import XTTS_CHUNK_TOKENS, CoquiTts, _XttsStream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.models]
 

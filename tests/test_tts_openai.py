@@ -1,6 +1,6 @@
 """``--tts openai``: the remote TTS backend against a real HTTP server
 speaking OpenAI's ``/v1/audio/speech`` (streamed PCM) around the real Piper
-voice (tests/speech_server.py); real WebRTC callers hear it. Its failures
+voice (voice_agent/testing/speech_server.py); real WebRTC callers hear it. Its failures
 end as the LLM's do: an ``error`` event, the apology where the server can
 still speak it, ``response.done`` failed, never silence unexplained."""
 
@@ -18,8 +18,6 @@ import pytest_asyncio
 
 from tests.conftest import run_server
 from tests.conftest import test_settings as settings_with
-from tests.scripted_llm import Script, ScriptedLlmServer, close_quietly, make_llm, text_events
-from tests.speech_server import API_KEY, OPENAI_PCM_RATE, SpeechServer, speech_server
 from tests.stt_fixtures import engine_with_models
 from tests.test_faults import (
     API,
@@ -37,6 +35,14 @@ from voice_agent.backends import registry
 from voice_agent.backends.base import synthesize
 from voice_agent.backends.tts_openai import OpenAITts, RemoteTtsError
 from voice_agent.engine import Engine
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    close_quietly,
+    make_llm,
+    text_events,
+)
+from voice_agent.testing.speech_server import API_KEY, OPENAI_PCM_RATE, SpeechServer, speech_server
 
 pytestmark = pytest.mark.e2e
 

@@ -17,13 +17,13 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
-from tests.audio_data import librivox, silence
 from tests.conftest import ServerFactory
 from tests.conftest import test_settings as settings_with
 from tests.turn_server import TurnServer, coturn
 from voice_agent.client import RealtimeClient, fetch_ice_servers
 from voice_agent.rtc.call import Call
 from voice_agent.rtc.turn import mint
+from voice_agent.testing.audio_data import librivox, silence
 
 KEY = "sk-turn-test-0123456"
 

@@ -8,11 +8,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from tests.audio_data import librivox, silence
 from tests.realtime_events import appended_audio, typed
 from tests.scripted_call import answered, ask, call, peer
-from tests.scripted_llm import Script, ScriptedLlmServer, chat_text
 from voice_agent.client import RealtimeClient
+from voice_agent.testing.audio_data import librivox, silence
+from voice_agent.testing.scripted_llm import Script, ScriptedLlmServer, chat_text
 
 pytestmark = pytest.mark.e2e
 __all__ = ["call", "peer"]  # the fixtures

@@ -13,9 +13,13 @@ import numpy as np
 import pytest
 
 from tests import conftest
-from tests.audio_data import librivox, silence, with_pause
 from tests.realtime_events import appended_audio
-from tests.scripted_llm import (
+from voice_agent.backends.base import SttBackend
+from voice_agent.backends.capabilities import Transcription
+from voice_agent.client import RealtimeClient
+from voice_agent.engine import Engine
+from voice_agent.testing.audio_data import librivox, silence, with_pause
+from voice_agent.testing.scripted_llm import (
     Script,
     ScriptedLlmServer,
     chat_text,
@@ -24,10 +28,6 @@ from tests.scripted_llm import (
     make_llm,
     scripted_llm_server,
 )
-from voice_agent.backends.base import SttBackend
-from voice_agent.backends.capabilities import Transcription
-from voice_agent.client import RealtimeClient
-from voice_agent.engine import Engine
 
 pytestmark = pytest.mark.e2e
 

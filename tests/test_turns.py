@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.audio_data import goforward, librivox, silence, speech_bounds, with_pause
 from voice_agent.backends.vad_silero import SileroVad
 from voice_agent.backends.vad_webrtc import WebRtcVad
 from voice_agent.config import Settings
@@ -22,6 +21,7 @@ from voice_agent.stages.turns import (
     TurnEvent,
 )
 from voice_agent.stages.vad import SpeechDetector
+from voice_agent.testing.audio_data import goforward, librivox, silence, speech_bounds, with_pause
 
 
 def run(audio: np.ndarray, config: TurnConfig, vad: str = "webrtc") -> list[TurnEvent]:

@@ -20,17 +20,8 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from bench.serving import start_server, wait_ready
 from tests.conftest import run_server
 from tests.conftest import test_settings as settings_with
-from tests.scripted_llm import (
-    Script,
-    ScriptedLlmServer,
-    close_quietly,
-    make_llm,
-    scripted_llm_server,
-    text_events,
-)
 from tests.stt_fixtures import engine_with_models
 from tests.test_faults import API, ask, caller
 from voice_agent.backends.base import synthesize
@@ -38,6 +29,15 @@ from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.backends.tts_piper import PiperTts, default_voice_path, voice_paths
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    close_quietly,
+    make_llm,
+    scripted_llm_server,
+    text_events,
+)
+from voice_agent.testing.serving import start_server, wait_ready
 
 SLOW_PACE = 1.6  # the slow voice's length_scale (the packaged voice's is 1)
 LOW_RATE = 16_000  # the low voice's config rate (the model makes 22.05 kHz)

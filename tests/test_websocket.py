@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from tests.audio_data import librivox, reference, silence, word_error_rate
 from tests.conftest import RunningServer, ServerFactory
 from voice_agent.audio.resample import StreamResampler
+from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
 
 pytestmark = pytest.mark.e2e
 

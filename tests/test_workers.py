@@ -17,9 +17,9 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.serving import start_server, wait_ready
-from tests.audio_data import heard_as_its_own, librivox, silence
 from voice_agent.client import RealtimeClient
+from voice_agent.testing.audio_data import heard_as_its_own, librivox, silence
+from voice_agent.testing.serving import start_server, wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -17,8 +17,8 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
-from tests.local_http import serve_on_loopback
 from voice_agent.backends.base import SttBackend
+from voice_agent.testing.local_http import serve_on_loopback
 
 API_KEY = "test-key"
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import pytest
 from aioice import stun
 
-from tests.ports import free_port
+from voice_agent.testing.ports import free_port
 
 SHIPPED = Path(__file__).resolve().parents[1] / "deploy" / "coturn"
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from playwright.async_api import Page, Playwright
 
-from tests.audio_data import RATE, librivox, reference, silence, word_error_rate
 from tests.conftest import ServerFactory
-from tests.web.browser import ARTIFACTS, chromium, write_capture_wav
+from voice_agent.testing.audio_data import RATE, librivox, reference, silence, word_error_rate
+from voice_agent.testing.browser import ARTIFACTS, chromium, write_capture_wav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow]
 

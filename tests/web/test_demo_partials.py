@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from playwright.async_api import Playwright
 
-from tests.audio_data import RATE, silence, word_error_rate
 from tests.conftest import RunningServer
-from tests.tiny_nemo import PHRASES, phrase_audio
-from tests.web.browser import chromium, write_capture_wav
+from voice_agent.testing.audio_data import RATE, silence, word_error_rate
+from voice_agent.testing.browser import chromium, write_capture_wav
+from voice_agent.testing.tiny_nemo import PHRASES, phrase_audio
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

@@ -17,12 +17,12 @@ import pytest_asyncio
 from aiohttp import web
 from playwright.async_api import Browser, Page, Playwright, Route
 
-from tests.audio_data import RATE, librivox, silence
 from tests.conftest import ServerFactory
-from tests.ports import free_port
-from tests.web.browser import chromium, write_capture_wav
 from tests.web.conftest import SiteFactory
 from voice_agent.client import RealtimeClient
+from voice_agent.testing.audio_data import RATE, librivox, silence
+from voice_agent.testing.browser import chromium, write_capture_wav
+from voice_agent.testing.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

@@ -12,7 +12,7 @@ import pytest_asyncio
 from playwright.async_api import Page, Playwright
 
 from tests.conftest import ServerFactory
-from tests.web.browser import chromium
+from voice_agent.testing.browser import chromium
 
 pytestmark = pytest.mark.browser
 

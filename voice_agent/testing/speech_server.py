@@ -8,7 +8,7 @@ server chokes on one input while it serves the others: answer 500, never
 answer, send some audio and then cut the connection, or send some audio and
 then go quiet.
 
-Run on its own (``python -m tests.speech_server --port N``) it serves the
+Run on its own (``python -m voice_agent.testing.speech_server --port N``) it serves the
 packaged Piper voice to another process (bench/tts.py).
 """
 
@@ -24,9 +24,9 @@ from typing import Any, Literal
 import numpy as np
 from aiohttp import web
 
-from tests.local_http import serve_on_loopback
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import TtsBackend
+from voice_agent.testing.local_http import serve_on_loopback
 
 API_KEY = "test-key"
 OPENAI_PCM_RATE = 24_000

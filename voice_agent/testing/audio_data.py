@@ -1,5 +1,12 @@
-"""Recorded human speech for the tests (CMU Sphinx test data, BSD licence:
-see tests/data/COPYING.pocketsphinx)."""
+"""Recorded human speech for the tests and benchmarks (CMU Sphinx test
+data, BSD licence: see tests/data/COPYING.pocketsphinx; Asterisk's
+telephone prompts, CC-BY-SA 3.0: tests/data/asterisk/COPYING), and the
+measures taken on it (word error rate, where the speech starts and ends).
+
+The recordings are not part of the package: they stay in the checkout's
+``tests/data``, found from this file's place in the checkout. Reading one
+without that folder (this package installed from a wheel) raises
+FileNotFoundError saying so; the measures need no files."""
 
 from __future__ import annotations
 
@@ -10,24 +17,31 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-DATA = Path(__file__).parent / "data"
+from voice_agent.testing.checkout import in_checkout
+
 RATE = 16_000
+
+
+def data_file(name: str) -> Path:
+    """A file of ``tests/data``; FileNotFoundError, saying why, without the folder."""
+    return in_checkout("tests/data") / name
 
 
 def librivox(clip: str) -> np.ndarray:
     """16 kHz mono int16 samples of one LibriVox test recording."""
-    with wave.open(str(DATA / f"sense_and_sensibility_01_austen_64kb-{clip}.wav")) as handle:
+    with wave.open(str(data_file(f"sense_and_sensibility_01_austen_64kb-{clip}.wav"))) as handle:
         assert handle.getframerate() == RATE and handle.getnchannels() == 1
         return np.frombuffer(handle.readframes(handle.getnframes()), dtype=np.int16).copy()
 
 
 def goforward() -> np.ndarray:
     """ "go forward ten meters", 16 kHz mono int16 raw."""
-    return np.fromfile(DATA / "goforward.raw", dtype="<i2").astype(np.int16)
+    return np.fromfile(data_file("goforward.raw"), dtype="<i2").astype(np.int16)
 
 
 def reference(clip: str) -> str:
-    for line in (DATA / "transcription").read_text().splitlines():
+    """What is said in LibriVox recording ``clip``, as transcribed."""
+    for line in data_file("transcription").read_text().splitlines():
         match = re.match(r"<s> (.*) </s> \((.*)\)", line.strip())
         if match and match.group(2).endswith(clip):
             return match.group(1)
@@ -35,15 +49,18 @@ def reference(clip: str) -> str:
 
 
 def silence(seconds: float) -> np.ndarray:
+    """``seconds`` of digital silence, 16 kHz int16."""
     return np.zeros(int(seconds * RATE), dtype=np.int16)
 
 
 def words(text: str) -> list[str]:
+    """``text`` as the words a transcript is scored on: lower case, no punctuation."""
     text = text.lower().replace("-", " ").replace("mr.", "mister")
     return re.sub(r"[^a-z' ]", " ", text).split()
 
 
 def word_error_rate(reference_text: str, hypothesis: str) -> float:
+    """Word-level edit distance over the reference's length (0 when equal)."""
     ref, hyp = words(reference_text), words(hypothesis)
     dist = list(range(len(hyp) + 1))
     for i in range(1, len(ref) + 1):
@@ -67,11 +84,12 @@ def heard_as_its_own(clip: str, transcript: str, clips: list[str]) -> bool:
 
 def speech_bounds(samples: np.ndarray, threshold_db: float = -35.0) -> tuple[float, float]:
     """First and last 10 ms window (in seconds) louder than ``threshold_db``."""
-    loud = np.nonzero(_levels_db(samples) > threshold_db)[0]
+    loud = np.nonzero(levels_db(samples) > threshold_db)[0]
     return loud[0] / 100.0, (loud[-1] + 1) / 100.0
 
 
-def _levels_db(samples: np.ndarray) -> np.ndarray:
+def levels_db(samples: np.ndarray) -> np.ndarray:
+    """The level of each 10 ms window, in dB below full scale."""
     window = RATE // 100
     frames = samples[: len(samples) // window * window].reshape(-1, window).astype(np.float64)
     levels: np.ndarray = 10 * np.log10(np.mean(frames**2, axis=1) / 32768.0**2 + 1e-12)
@@ -82,7 +100,7 @@ def with_pause(samples: np.ndarray, pause_s: float, threshold_db: float = -35.0)
     """The recording with a pause of ``pause_s`` in the middle of it: the
     quietest gap between words in its middle fifth (every 10 ms window
     there below ``threshold_db``) becomes exactly ``pause_s`` of silence."""
-    levels = _levels_db(samples)
+    levels = levels_db(samples)
     middle = slice(len(levels) * 2 // 5, len(levels) * 3 // 5)
     quietest = middle.start + int(np.argmin(levels[middle]))
     start, end = quietest, quietest + 1
@@ -107,7 +125,7 @@ ASTERISK = {
 def telephone_prompt(name: str) -> np.ndarray:
     """16 kHz mono int16 samples of one 8 kHz prompt, trimmed as a turn is:
     0.3 s before the speech, 0.1 s after it."""
-    with wave.open(str(DATA / "asterisk" / f"{name}.wav")) as handle:
+    with wave.open(str(data_file(f"asterisk/{name}.wav"))) as handle:
         assert handle.getframerate() == 8000 and handle.getnchannels() == 1
         narrow = np.frombuffer(handle.readframes(handle.getnframes()), dtype=np.int16)
     wide: np.ndarray = soxr.resample(narrow, 8000, RATE).astype(np.int16)

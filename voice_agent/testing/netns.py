@@ -1,4 +1,5 @@
-"""A private network namespace for tests, with its own loopback addresses.
+"""A private network namespace for tests and benchmarks, with its own
+loopback addresses.
 
 Processes run inside it through ``ip netns exec``. The test process itself
 stays outside (its engine and other fixtures keep their sockets), but can

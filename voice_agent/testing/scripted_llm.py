@@ -1,5 +1,5 @@
-"""A real HTTP peer for LLM tests: a local aiohttp server that speaks the
-OpenAI streaming wire format (``/v1/chat/completions`` and
+"""A real HTTP peer for LLM tests and benchmarks: a local aiohttp server
+that speaks the OpenAI streaming wire format (``/v1/chat/completions`` and
 ``/v1/responses``) from scripted replies, records every request body, and
 observes clients that go away (its handler is cancelled when they do)."""
 
@@ -18,11 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.local_http import serve_on_loopback
 from voice_agent.backends.llm_http import HttpLlmConfig
 from voice_agent.backends.llm_openai import OpenAIChatLlm
 from voice_agent.backends.llm_responses import OpenAIResponsesLlm
 from voice_agent.engine import Engine
+from voice_agent.testing.local_http import serve_on_loopback
 
 Json = dict[str, Any]
 

@@ -1,4 +1,5 @@
-"""A tiny NeMo FastConformer CTC model, built from nothing for the tests.
+"""A tiny NeMo FastConformer CTC model, built from nothing for the tests
+(and untrained ones of realistic sizes for the benchmarks).
 
 Real Parakeet weights can't be downloaded here, so the tests train their own:
 a character SentencePiece tokenizer, a 2-layer d_model 64 FastConformer with
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.audio_data import RATE, goforward, librivox, reference, speech_bounds
+from voice_agent.testing.audio_data import RATE, goforward, librivox, reference, speech_bounds
 
 # (audio, transcript) pairs the model learns.
 PHRASES: list[tuple[str, str]] = [
@@ -33,6 +34,7 @@ STEPS = 400
 
 
 def phrase_audio(name: str) -> np.ndarray:
+    """The recording of one of PHRASES, 16 kHz int16."""
     return goforward() if name == "goforward" else librivox(name)
 
 

@@ -1,5 +1,6 @@
-"""Start ``voice-agent serve`` for a benchmark, in its own process, and
-wait until it is ready."""
+"""``voice-agent serve`` in a process of its own, for a test or a benchmark
+that needs the real command (its start-up, its signals, its workers), and
+waiting until it is ready."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 import aiohttp
 
-from tests.ports import free_port
+from voice_agent.testing.ports import free_port
 
 
 async def start_server(
@@ -34,6 +35,8 @@ async def start_server(
 
 
 async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 180) -> None:
+    """Until the server at ``url`` answers ``/readyz`` with 200 (its models
+    loaded), for at most ``timeout_s``."""
     async with asyncio.timeout(timeout_s):
         while True:
             try:

@@ -1,11 +1,16 @@
-"""A telephone lab for the SIP gateway tests, all inside one network namespace.
+"""A telephone lab for the SIP gateway tests and bench/sip_cpu.py, all
+inside one network namespace.
 
 Addresses of its own on its loopback: the gateway (Kamailio + rtpengine,
 ``deploy/sip/run-gateway``), a phone (baresip, or SIPp for the malformed
 cases) and the service (``voice-agent serve``, with a scripted LLM served
-from this test process on a socket made inside the namespace); for the
+from this process on a socket made inside the namespace); for the
 gateway's defences, four more callers (SIPp): two more trunks, a stranger
-and a flooder.
+and a flooder. The phone itself is in ``sip_phone.py``.
+
+The gateway's scripts (``deploy/sip``) and the SIPp scenarios
+(``tests/sip``) are read from the source checkout: without them
+``missing()`` says so.
 """
 
 from __future__ import annotations
@@ -14,13 +19,11 @@ import asyncio
 import contextlib
 import csv
 import importlib.util
-import json
 import os
 import re
 import shutil
 import signal
 import sys
-import wave
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,14 +32,13 @@ from types import ModuleType
 from typing import Any
 
 import aiohttp
-import numpy as np
 
-from tests.netns import NetworkNamespace, missing_for_namespaces
-from tests.scripted_llm import ScriptedLlmServer, scripted_llm_server
+from voice_agent.testing.checkout import CHECKOUT
+from voice_agent.testing.netns import NetworkNamespace, missing_for_namespaces
+from voice_agent.testing.scripted_llm import ScriptedLlmServer, scripted_llm_server
 
-ROOT = Path(__file__).resolve().parents[1]
-GATEWAY_SCRIPT = ROOT / "deploy" / "sip" / "run-gateway"
-SCENARIOS = Path(__file__).parent / "sip"
+GATEWAY_SCRIPT = CHECKOUT / "deploy" / "sip" / "run-gateway"
+SCENARIOS = CHECKOUT / "tests" / "sip"
 GATEWAY, PHONE, SERVICE = "10.77.0.1", "10.77.0.2", "10.77.0.3"
 TRUNK_B, STRANGER, FLOODER, TRUNK_C = "10.77.0.4", "10.77.0.5", "10.77.0.6", "10.77.0.7"
 SIP_PORT = 5060
@@ -57,6 +59,8 @@ def missing() -> str | None:
     """Why the lab cannot run here (named), or None."""
     if (reason := missing_for_namespaces()) is not None:
         return reason
+    if not (GATEWAY_SCRIPT.exists() and SCENARIOS.is_dir()):
+        return f"needs the source checkout's deploy/sip and tests/sip (not at {CHECKOUT})"
     absent = [package for tool, package in TOOLS.items() if shutil.which(tool) is None]
     if not KAMAILIO_PYTHON.exists():
         absent.append("kamailio-python3-modules")
@@ -104,6 +108,8 @@ class LogWatch:
 
 @dataclass
 class Process:
+    """A process the lab started, and its output as it comes."""
+
     process: asyncio.subprocess.Process
     log: LogWatch
     reader: asyncio.Task[None]
@@ -124,6 +130,8 @@ class Process:
 
 
 async def start(namespace: NetworkNamespace, name: str, *args: str, **env: str) -> Process:
+    """``args`` run inside ``namespace``, with ``env`` added to this process's
+    environment; its output (stdout and stderr) followed under ``name``."""
     process = await asyncio.create_subprocess_exec(
         *namespace.command(*args),
         stdout=asyncio.subprocess.PIPE,
@@ -136,22 +144,10 @@ async def start(namespace: NetworkNamespace, name: str, *args: str, **env: str) 
     return Process(process, log, reader)
 
 
-def write_wav(path: Path, samples: np.ndarray, rate: int = PHONE_RATE) -> None:
-    with wave.open(str(path), "wb") as handle:
-        handle.setnchannels(1)
-        handle.setsampwidth(2)
-        handle.setframerate(rate)
-        handle.writeframes(samples.astype(np.int16).tobytes())
-
-
-def read_wav(path: Path) -> tuple[np.ndarray, int]:
-    with wave.open(str(path)) as handle:
-        samples = np.frombuffer(handle.readframes(handle.getnframes()), dtype=np.int16)
-        return samples.copy(), handle.getframerate()
-
-
 @dataclass
 class Gateway:
+    """One gateway (Kamailio + rtpengine): its SIP and rtpengine control ports."""
+
     sip_port: int
     ng_port: int
     process: Process
@@ -170,6 +166,9 @@ class SippRun:
 
 @dataclass
 class SipLab:
+    """The lab as it runs: the namespace, the scripted LLM the service talks
+    to, the service and the gateway."""
+
     namespace: NetworkNamespace
     workdir: Path
     llm: ScriptedLlmServer
@@ -270,121 +269,6 @@ class SipLab:
         )
 
 
-class Phone:
-    """baresip, driven over its ctrl_tcp socket (JSON netstrings)."""
-
-    def __init__(
-        self,
-        lab: SipLab,
-        name: str,
-        microphone: np.ndarray,
-        sip_port: int = 5070,
-        control_port: int = 4444,
-    ) -> None:
-        self.lab = lab
-        self.control_port = control_port
-        self.dir = lab.workdir / name
-        self.recordings = self.dir / "recordings"
-        self.recordings.mkdir(parents=True)
-        write_wav(self.dir / "mic.wav", microphone)
-        (self.dir / "accounts").write_text(f"<sip:caller@{PHONE}:{sip_port}>;regint=0\n")
-        (self.dir / "config").write_text(
-            "\n".join(
-                [
-                    "poll_method epoll",
-                    f"sip_listen {PHONE}:{sip_port}",
-                    "audio_player aubridge,nil",
-                    f"audio_source aufile,{self.dir / 'mic.wav'}",
-                    "audio_alert aubridge,nil",
-                    "module_path /usr/lib/baresip/modules",
-                    "module g711.so",
-                    "module aufile.so",
-                    "module aubridge.so",
-                    # Records what it hears (and says) as WAV files.
-                    "module sndfile.so",
-                    f"snd_path {self.recordings}",
-                    "module_app account.so",
-                    "module_app menu.so",
-                    "module_app ctrl_tcp.so",
-                    f"ctrl_tcp_listen {PHONE}:{control_port}",
-                    "",
-                ]
-            )
-        )
-        self.process: Process | None = None
-        self.events: list[dict[str, Any]] = []
-        self._changed = asyncio.Event()
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self._token = 0
-
-    async def start(self) -> None:
-        self.process = await start(self.lab.namespace, "baresip", "baresip", "-f", str(self.dir))
-        await self.process.log.wait_for("baresip is ready", 10)
-        reader, self._writer = await self.lab.namespace.open_connection(PHONE, self.control_port)
-        self._reader_task = asyncio.create_task(self._read(reader), name="baresip-control")
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        while True:
-            try:
-                length = int((await reader.readuntil(b":"))[:-1])
-                message = json.loads((await reader.readexactly(length + 1))[:-1])  # then ","
-            except (asyncio.IncompleteReadError, ValueError):
-                return
-            self.events.append(message)
-            self._changed.set()
-            self._changed = asyncio.Event()
-
-    async def command(self, name: str, params: str = "") -> None:
-        assert self._writer is not None
-        self._token += 1
-        body = json.dumps({"command": name, "params": params, "token": str(self._token)}).encode()
-        self._writer.write(b"%d:%s," % (len(body), body))
-        await self._writer.drain()
-
-    async def event(self, kind: str, within_s: float) -> dict[str, Any]:
-        try:
-            async with asyncio.timeout(within_s):
-                while True:
-                    for event in self.events:
-                        if event.get("event") and event.get("type") == kind:
-                            return event
-                    await self._changed.wait()
-        except TimeoutError:
-            assert self.process is not None
-            gateway = self.lab.gateway.process.log.tail(20)
-            service = self.lab.service.log.tail(20)
-            raise AssertionError(
-                f"baresip: no {kind} within {within_s:g} s; its messages: {self.events}\n"
-                f"its log:\n{self.process.log.tail(20)}\ngateway log:\n{gateway}\n"
-                f"service log:\n{service}"
-            ) from None
-
-    async def dial(self, number: str = NUMBER, port: int = SIP_PORT) -> None:
-        await self.command("dial", f"sip:{number}@{GATEWAY}:{port}")
-
-    async def press(self, digits: str) -> None:
-        """Key presses, sent as RFC 4733 telephone-events."""
-        for digit in digits:
-            await self.command("sndcode", digit)  # pressed and released
-            await asyncio.sleep(0.3)  # one key at a time, as fingers do
-
-    def heard(self) -> tuple[np.ndarray, int]:
-        """What the phone received and played, as recorded."""
-        (path,) = self.recordings.glob("*-dec.wav")
-        return read_wav(path)
-
-    async def stop(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader_task
-        if self.process is not None:
-            await self.process.stop()
-
-
 async def start_gateway(
     namespace: NetworkNamespace,
     workdir: Path,
@@ -426,6 +310,7 @@ async def start_gateway(
 
 
 async def start_service(namespace: NetworkNamespace, llm_url: str, *args: str) -> Process:
+    """``voice-agent serve`` at SERVICE in the namespace, its LLM at ``llm_url``."""
     return await start(
         namespace,
         "service",
@@ -450,6 +335,7 @@ async def start_service(namespace: NetworkNamespace, llm_url: str, *args: str) -
 
 
 async def wait_ready(http: aiohttp.ClientSession, url: str, service: Process) -> None:
+    """Until the service answers ``/readyz``; RuntimeError if it exits first."""
     async with asyncio.timeout(120):
         while True:
             if service.process.returncode is not None:
@@ -465,6 +351,10 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, service: Process) ->
 async def sip_lab(
     workdir: Path, *service_args: str, gateway_settings: Mapping[str, str] | None = None
 ) -> AsyncIterator[SipLab]:
+    """The lab, running, with ``service_args`` for the service and
+    ``gateway_settings`` for the gateway; on the way out, everything in the
+    namespace stopped and the namespace removed (AssertionError if a process
+    was left running there)."""
     namespace = NetworkNamespace(
         f"va-sip-{os.getpid()}", [GATEWAY, PHONE, SERVICE, TRUNK_B, STRANGER, FLOODER, TRUNK_C]
     )

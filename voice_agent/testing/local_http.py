@@ -1,4 +1,5 @@
-"""A test's own HTTP server (a stand-in remote service) on a free loopback port."""
+"""The HTTP server of a stand-in remote service, for a test or a benchmark,
+on a free loopback port."""
 
 from __future__ import annotations
 

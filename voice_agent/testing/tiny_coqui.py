@@ -1,6 +1,6 @@
 """Tiny, untrained Coqui models built with Coqui's own config and model
-classes and saved as Coqui saves them, for the tests to load through
-``--tts coqui``: a two-speaker VITS (~265 k parameters) and an XTTS-v2-style
+classes and saved as Coqui saves them, for the tests (and bench/coqui_tts.py) to load
+through ``--tts coqui``: a two-speaker VITS (~265 k parameters) and an XTTS-v2-style
 model (a one-layer GPT over 64 audio codes, its own character vocabulary, the
 standard HiFi-GAN decoder and speaker encoder) that streams through
 ``inference_stream``. They speak noise, not words; what the tests check is

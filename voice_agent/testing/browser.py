@@ -1,8 +1,10 @@
-"""Real headless Chromium for the web tests, driven by Playwright.
+"""Real headless Chromium for the web tests and bench/browser.py, driven by
+Playwright (a dev dependency, imported here).
 
 The system's Chromium is used (never a browser download): `.ci/run` installs
 Debian's `chromium` when it is missing. Without it the web tests fail with a
 clear message rather than skipping, so CI cannot pass them silently.
+Screenshots and recordings go to the checkout's ``test-artifacts``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import numpy as np
 import soxr
 from playwright.async_api import Browser, Playwright
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+from voice_agent.testing.checkout import CHECKOUT
+
+ARTIFACTS = CHECKOUT / "test-artifacts"
 FAKE_CAPTURE_RATE = 48_000
 
 BASE_ARGS = [
@@ -30,6 +34,7 @@ BASE_ARGS = [
 
 
 def chromium_path() -> str:
+    """The system Chromium; RuntimeError, saying how to install it, without one."""
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
         raise RuntimeError(
