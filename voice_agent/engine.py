@@ -31,8 +31,6 @@ from voice_agent.backends.llama_server import (
 )
 from voice_agent.backends.llm_health import RemoteLlmProbe
 from voice_agent.backends.llm_http import HttpLlmConfig
-from voice_agent.backends.llm_openai import OpenAIChatLlm
-from voice_agent.backends.llm_responses import OpenAIResponsesLlm
 from voice_agent.backends.llm_weights import weights_for
 from voice_agent.backends.stt_openai import HostedStt
 from voice_agent.backends.tts_openai import hosted as hosted_tts
@@ -196,11 +194,7 @@ class Engine:
         """A worker's models: its own VAD (per-frame, tiny), the rest shared."""
         s = self.settings
         self.llm_config = HttpLlmConfig(**links.llm)
-        llm: LlmBackend = (
-            OpenAIResponsesLlm(self.llm_config)
-            if s.llm_backend == "responses"
-            else OpenAIChatLlm(self.llm_config)
-        )
+        llm: LlmBackend = registry.create("llm", s.llm_backend, self.llm_config)
         return Models(
             vad=vad,
             stt=HostedStt(links.speech_socket, links.partial_interval_ms, s.stt_timeout_s),
@@ -285,9 +279,8 @@ class Engine:
             enable_thinking=s.llm_enable_thinking,
             keep_alive=self.llama is None,
         )
-        if s.llm_backend == "responses":
-            return OpenAIResponsesLlm(self.llm_config)
-        return OpenAIChatLlm(self.llm_config)
+        llm: LlmBackend = registry.create("llm", s.llm_backend, self.llm_config)
+        return llm
 
     async def _warm_up(self) -> None:
         """Run each model once so the first caller doesn't pay for lazy init."""

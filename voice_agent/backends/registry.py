@@ -15,7 +15,7 @@ from typing import Any, Literal
 from voice_agent.backends.packaged import is_installed
 from voice_agent.config import Settings
 
-Kind = Literal["vad", "turn", "stt", "tts"]
+Kind = Literal["vad", "turn", "stt", "tts", "llm"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -34,9 +34,9 @@ class BackendSpec:
     def missing_modules(self) -> list[str]:
         return [mod for mod in self.requires if not is_installed(mod)]
 
-    def factory(self) -> Callable[[Settings], Any]:
+    def factory(self) -> Callable[[Any], Any]:
         module_name, _, attr = self.target.partition(":")
-        factory: Callable[[Settings], Any] = getattr(importlib.import_module(module_name), attr)
+        factory: Callable[[Any], Any] = getattr(importlib.import_module(module_name), attr)
         return factory
 
 
@@ -59,7 +59,10 @@ def spec(kind: Kind, name: str) -> BackendSpec:
         raise BackendUnavailable(f"unknown {kind} backend {name!r} (known: {known})") from None
 
 
-def create(kind: Kind, name: str, settings: Settings) -> Any:
+def create(kind: Kind, name: str, settings: Settings | Any) -> Any:
+    """The backend, made from its options: the settings for a VAD, turn,
+    STT or TTS backend; for an LLM client, its endpoint (``HttpLlmConfig``:
+    the engine knows it only once an embedded server is up)."""
     chosen = spec(kind, name)
     missing = chosen.missing_modules()
     if missing:
@@ -171,5 +174,27 @@ register(
         "voice_agent.backends.tts_coqui:create",
         ("TTS", "torch"),
         "pip install 'voice-agent[coqui]' (make install-coqui)",
+    )
+)
+register(
+    BackendSpec(
+        "llm",
+        "chat-completions",
+        "OpenAI's Chat Completions API, streamed (POST /chat/completions): OpenAI, vLLM, "
+        "llama.cpp, the Hugging Face router (default)",
+        "voice_agent.backends.llm_openai:OpenAIChatLlm",
+        ("aiohttp",),
+        "pip install aiohttp",
+    )
+)
+register(
+    BackendSpec(
+        "llm",
+        "responses",
+        "OpenAI's Responses API, streamed (POST /responses); the embedded llama-server "
+        "serves it too",
+        "voice_agent.backends.llm_responses:OpenAIResponsesLlm",
+        ("aiohttp",),
+        "pip install aiohttp",
     )
 )
