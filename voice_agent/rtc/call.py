@@ -3,7 +3,10 @@ the voice session between them.
 
 Every way a call can end (hang-up, a peer that vanishes, one that never
 connects, the duration limit, server shutdown) goes through ``close()``,
-which releases everything the call holds exactly once.
+which releases everything the call holds exactly once. The session, its
+output and that release are ``rtc/call_core.py``'s, as for a WebSocket
+call; what is here is WebRTC's own: the peer connection and its timers,
+the data channel, DTMF and the echo canceller.
 """
 
 from __future__ import annotations
@@ -28,17 +31,16 @@ from aiortc import (
     RTCSessionDescription,
 )
 
-from voice_agent import observability
 from voice_agent.audio.echo import JITTER_MARGIN_S, PLAYOUT_JITTER_MARGIN_S, EchoCanceller
 from voice_agent.config import Settings
-from voice_agent.memory import TRIMMER
-from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES, RealtimeProtocol
-from voice_agent.rtc import arrival_order, decoder_hop, dtmf
+from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES
+from voice_agent.rtc import arrival_order, decoder_hop, dtmf, internals
+from voice_agent.rtc.call_core import CallCore
 from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
-from voice_agent.rtc.outbound import FRAME_MS, PacedAudioTrack
+from voice_agent.rtc.outbound import FRAME_MS
 from voice_agent.rtc.turn import server_ice_servers
-from voice_agent.session.session import Models, SessionConfig, VoiceSession
+from voice_agent.session.session import Models, SessionConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ def restrict_host_addresses(addresses: list[str]) -> None:
     """Pin ICE host candidates to ``addresses`` (process-wide: aioice gathers
     them in a module-level function). aioice never offers 127.0.0.1 on its
     own, so this is also how two peers on one machine talk over loopback."""
-    if not addresses:
+    if not addresses or not internals.patchable("ICE host addresses"):
         return
     pinned = list(addresses)
 
@@ -68,7 +70,9 @@ def ice_configuration(settings: Settings) -> RTCConfiguration:
     return RTCConfiguration(iceServers=server_ice_servers(settings))
 
 
-class Call:
+class Call(CallCore):
+    _log = log
+
     def __init__(
         self,
         call_id: str,
@@ -81,31 +85,24 @@ class Call:
     ) -> None:
         contain_bad_messages()
         dtmf.install()
-        self.id = call_id
-        self.settings = settings
-        self._on_closed = on_closed
         self.pc = RTCPeerConnection(ice_configuration(settings))
-        self.output = PacedAudioTrack(
-            buffer_ms=settings.output_buffer_ms,
+        super().__init__(
+            call_id,
+            settings,
+            models,
+            session_config,
+            model_name,
+            voice_name,
+            on_closed,
             dtx=settings.output_dtx,
             lead_frames=settings.output_lead_ms // FRAME_MS,
         )
-        self.session = VoiceSession(models, session_config, self.output, self._on_session_event)
-        self.output.on_audio_frame = self.session.frame_sent
-        self.protocol = RealtimeProtocol(
-            self.session, self._send_event, model_name, voice_name, settings.llm_max_tokens
-        )
         self._channel: RTCDataChannel | None = None
         self._early_events: deque[str] = deque(maxlen=MAX_EARLY_EVENTS)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._timers: list[asyncio.TimerHandle] = []
-        self._teardown: asyncio.Future[None] | None = None
         self._listening = False
         self._connect_timer: asyncio.TimerHandle | None = None
         self._lost_timer: asyncio.TimerHandle | None = None
         self.connected = asyncio.Event()
-        self.closed = asyncio.Event()
-        self.close_reason: str | None = None
         self.pc.on("track", self._on_track)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_connection_state)
@@ -255,10 +252,6 @@ class Call:
             self.close_soon("dtmf_hangup")
 
     # -- events to the client -------------------------------------------------
-    def _on_session_event(self, event: Any) -> None:
-        observability.observe(event)
-        self.protocol.on_session_event(event)
-
     def _send_event(self, event: dict[str, Any]) -> None:
         text = json.dumps(event, separators=(",", ":"))
         channel = self._channel
@@ -291,62 +284,13 @@ class Call:
         except Exception:  # drop it, keep the call
             log.warning("event not sent", exc_info=True, extra={"call_id": self.id, "type": kind})
 
-    # -- teardown ------------------------------------------------------------
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=f"{self.id}-{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            # A call that can no longer hear is over; say so and release it.
-            log.error(
-                "call task failed",
-                exc_info=task.exception(),
-                extra={"call_id": self.id, "task": task.get_name()},
-            )
-            self.close_soon("internal_error")
-
-    def close_soon(self, reason: str) -> asyncio.Future[None]:
-        """Start releasing the call (once); the teardown runs to the end even
-        if whoever awaits it is cancelled (a hang-up cut short, shutdown)."""
-        if self._teardown is None:
-            self.close_reason = reason
-            self._teardown = asyncio.ensure_future(self._release(reason))
-        return self._teardown
-
-    async def close(self, reason: str = "hangup") -> None:
-        """Release everything and wait until it is done."""
-        await asyncio.shield(self.close_soon(reason))
-
-    async def _release(self, reason: str) -> None:
-        log.info("call closing", extra={"call_id": self.id, "reason": reason})
-        for timer in self._timers:
-            timer.cancel()
+    # -- teardown (the rest is CallCore's) ----------------------------------
+    async def _close_transport(self) -> None:
+        """The echo canceller, then the peer connection."""
+        self._stop_echo()
         try:
-            try:
-                await self.session.close()
-            except Exception:
-                log.exception("closing the session failed", extra={"call_id": self.id})
-            for task in list(self._tasks):
-                task.cancel()
-            for task in list(self._tasks):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            self.output.stop()
-            self._stop_echo()
-        finally:
-            try:
-                await self.pc.close()
-            except Exception:
-                # aiortc can fail half-way through closing a connection whose
-                # negotiation broke; the call is released all the same.
-                log.exception("closing the peer connection failed", extra={"call_id": self.id})
-            finally:
-                self.closed.set()
-                self._on_closed(self)
-                if self.settings.malloc_trim:
-                    # What the call freed goes back to the kernel, not into
-                    # glibc's arenas (where it stays resident).
-                    TRIMMER.request()
+            await self.pc.close()
+        except Exception:
+            # aiortc can fail half-way through closing a connection whose
+            # negotiation broke; the call is released all the same.
+            log.exception("closing the peer connection failed", extra={"call_id": self.id})

@@ -14,6 +14,10 @@ within one frame, and what the history keeps is what was heard, exactly as
 over WebRTC. (OpenAI's WebSocket API sends audio faster than real time and
 leaves the cut to ``conversation.item.truncate``; here a client can play the
 deltas as they come.)
+
+The session, its output and the call's release are ``rtc/call_core.py``'s,
+as for a WebRTC call; what is here is the WebSocket's own: the reader loop
+with its idle timeout, the bounded outbox and its writer, and the deltas.
 """
 
 from __future__ import annotations
@@ -29,15 +33,14 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from aiortc.mediastreams import MediaStreamError
 
-from voice_agent import observability
 from voice_agent.audio.echo import EchoCanceller
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.config import Settings
-from voice_agent.memory import TRIMMER
-from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES, RealtimeProtocol
-from voice_agent.rtc.outbound import SAMPLE_RATE, PacedAudioTrack
+from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES
+from voice_agent.rtc.call_core import CallCore
+from voice_agent.rtc.outbound import SAMPLE_RATE
 from voice_agent.session.events import AssistantAudioStarted, ResponseStarted, SessionEvent
-from voice_agent.session.session import Models, SessionConfig, VoiceSession
+from voice_agent.session.session import Models, SessionConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,9 @@ WIRE_RATE = 24_000  # OpenAI's audio/pcm
 MAX_OUTBOX = 1024
 
 
-class WebSocketCall:
+class WebSocketCall(CallCore):
+    _log = log
+
     def __init__(
         self,
         call_id: str,
@@ -59,38 +64,39 @@ class WebSocketCall:
         ws: web.WebSocketResponse,
         on_closed: Callable[[WebSocketCall], None],
     ) -> None:
-        self.id = call_id
-        self._trim_heap = settings.malloc_trim
+        super().__init__(
+            call_id,
+            settings,
+            models,
+            session_config,
+            model_name,
+            voice_name,
+            on_closed,
+            # No lead: a WebSocket client plays deltas as they come, holding none back.
+            dtx=True,
+            lead_frames=0,
+        )
         self._max_duration_s = settings.max_call_duration_s
         self._idle_timeout_s = settings.ws_idle_timeout_s
         self._ws = ws
-        self._on_closed = on_closed
-        # No lead: a WebSocket client plays deltas as they come, holding none back.
-        self.output = PacedAudioTrack(buffer_ms=settings.output_buffer_ms, dtx=True)
-        self.session = VoiceSession(models, session_config, self.output, self._on_session_event)
-        self.output.on_audio_frame = self.session.frame_sent
         # A WebSocket client plays and records audio itself: echo is its job.
         self.echo: EchoCanceller | None = None
-        self.protocol = RealtimeProtocol(
-            self.session, self._send_event, model_name, voice_name, settings.llm_max_tokens
-        )
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue(MAX_OUTBOX)
         self._outbox_bytes = 0  # characters queued, bounded by MAX_UNSENT_EVENT_BYTES
         self._item_of: dict[str, str] = {}  # response id -> its message item
         self._playing: tuple[str, str] | None = None  # (response id, item id)
         self._to_wire = StreamResampler(SAMPLE_RATE, WIRE_RATE)
-        self._tasks: list[asyncio.Task[None]] = []
-        self._teardown: asyncio.Future[None] | None = None
-        self.close_reason: str | None = None
-        self.closed = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._player: asyncio.Task[None] | None = None
 
     # -- running ---------------------------------------------------------------
     async def run(self) -> None:
         """Serve the call until the client goes or the call is closed."""
-        self._tasks = [
-            asyncio.create_task(self._write(), name=f"{self.id}-ws-writer"),
-            asyncio.create_task(self._play(), name=f"{self.id}-ws-audio"),
-        ]
+        # Not _spawn()ed: neither ends the call if it fails (the reader says
+        # how it ended); the release awaits them with the call's other tasks.
+        self._writer = asyncio.create_task(self._write(), name=f"{self.id}-ws-writer")
+        self._player = asyncio.create_task(self._play(), name=f"{self.id}-ws-audio")
+        self._tasks.update((self._writer, self._player))
         self.session.prefill_next_turn()
         self.protocol.send_session_created()
         loop = asyncio.get_running_loop()
@@ -152,8 +158,7 @@ class WebSocketCall:
         elif isinstance(event, AssistantAudioStarted):
             # Sent from inside next_frame(), just before that frame's delta.
             self._playing = (event.response_id, self._item_of.get(event.response_id, ""))
-        observability.observe(event)
-        self.protocol.on_session_event(event)
+        super()._on_session_event(event)
 
     def _send_event(self, event: dict[str, Any]) -> None:
         if self._teardown is not None:
@@ -168,40 +173,18 @@ class WebSocketCall:
             log.warning("client not reading its events; ending the call", extra={"id": self.id})
             self.close_soon("slow_client")
 
-    # -- teardown --------------------------------------------------------------
-    def close_soon(self, reason: str) -> asyncio.Future[None]:
-        if self._teardown is None:
-            self.close_reason = reason
-            self._teardown = asyncio.ensure_future(self._release(reason))
-        return self._teardown
+    # -- teardown (the rest is CallCore's) ------------------------------------
+    async def _drain(self) -> None:
+        """What is queued goes out, for up to a second; the core then cancels
+        the writer and the player and awaits them."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self._outbox.put_nowait(None)  # the writer sends what is queued, then stops
+        if self._player is not None:
+            self._player.cancel()
+        if self._writer is not None:
+            with contextlib.suppress(TimeoutError, Exception):
+                async with asyncio.timeout(1.0):
+                    await asyncio.shield(self._writer)
 
-    async def close(self, reason: str = "hangup") -> None:
-        await asyncio.shield(self.close_soon(reason))
-
-    async def _release(self, reason: str) -> None:
-        log.info("call closing", extra={"call_id": self.id, "reason": reason})
-        try:
-            try:
-                await self.session.close()
-            except Exception:
-                log.exception("closing the session failed", extra={"call_id": self.id})
-            self.output.stop()
-            with contextlib.suppress(asyncio.QueueFull):
-                self._outbox.put_nowait(None)  # the writer sends what is queued, then stops
-            writer, player = self._tasks or (None, None)
-            if player is not None:
-                player.cancel()
-            if writer is not None:
-                with contextlib.suppress(TimeoutError, Exception):
-                    async with asyncio.timeout(1.0):
-                        await asyncio.shield(writer)
-                writer.cancel()
-            for task in self._tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            await self._ws.close()
-        finally:
-            self.closed.set()
-            self._on_closed(self)
-            if self._trim_heap:
-                TRIMMER.request()  # as a WebRTC call does: what it freed goes back
+    async def _close_transport(self) -> None:
+        await self._ws.close()
