@@ -19,7 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from voice_agent.server.admission import RETRY_AFTER_S, SETTINGS
+from voice_agent.server.admission import RETRY_AFTER_S
+from voice_agent.server.app_keys import SETTINGS
 from voice_agent.server.auth import AUTH, AuthError
 from voice_agent.server.errors import error_response
 from voice_agent.server.route_marks import checks_own_caller

@@ -1,34 +1,33 @@
-"""Whether a new call may start: the application's state keys, and the
-checks every way of starting a call makes (one process, the front of
-workers; WebRTC offers and WebSocket sessions alike), in order: the
-client address's offer rate, who is calling, the models and the LLM, the
-caller's key's calls."""
+"""Whether a new call may start, and the claims its start holds.
+
+Every way of starting a call (one process, the front of workers; WebRTC
+offers and WebSocket sessions alike) goes through ``admitted``, which makes
+the checks in order: the client address's offer rate, who is calling, the
+request's body, the models and the LLM, the caller's key's calls (a slot of
+the key is claimed), a free slot where calls live (claimed), and only then
+the client secret is spent (so a refusal before it leaves the secret good
+for a retry). Whatever was claimed is given back unless the call is made.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from aiohttp import web
 
-from voice_agent.config import Settings
 from voice_agent.engine import Engine
-from voice_agent.server.auth import AUTH, AuthError, Caller
-from voice_agent.server.calls import CallRegistry
-from voice_agent.server.errors import error_response
-from voice_agent.server.limits import ClientRateLimiter, request_rate_refusal, retry_after
+from voice_agent.server.app_keys import ENGINE, OFFER_LIMITS, SETTINGS, SHUTTING_DOWN
+from voice_agent.server.auth import AUTH, Authenticator, AuthError, Caller
+from voice_agent.server.errors import Refusal, error_response
+from voice_agent.server.limits import request_rate_refusal, retry_after
+from voice_agent.server.place import CallPlace, Slot, Transport
 
 RETRY_AFTER_S = "5"
 
-ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
-CALLS: web.AppKey[CallRegistry] = web.AppKey("calls", CallRegistry)
-SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
-# Set once shutdown begins (an Event: the app itself is frozen by then).
-SHUTTING_DOWN: web.AppKey[asyncio.Event] = web.AppKey("shutting_down", asyncio.Event)
-OFFER_LIMITS: web.AppKey[ClientRateLimiter] = web.AppKey("offer_limits", ClientRateLimiter)
-# "rtc" in one process; "rtc_w3" in media worker 3, so its parent can route
-# a call's requests to the worker that owns it.
-CALL_ID_PREFIX: web.AppKey[str] = web.AppKey("call_id_prefix", str)
+Body = TypeVar("Body")
 
 
 def rate_limited(request: web.Request) -> web.Response | None:
@@ -118,3 +117,110 @@ def server_full(max_calls: int) -> web.Response:
     return error_response(
         503, "server_full", f"all {max_calls} call slots are busy", {"Retry-After": RETRY_AFTER_S}
     )
+
+
+@dataclass
+class _Claims:
+    """What an admission holds so far: a slot of the caller's key (with
+    ``key_claimed``) and a slot where calls live; both given back by
+    ``settle`` unless the call was made."""
+
+    auth: Authenticator
+    caller: Caller | None = None
+    key_claimed: bool = False
+    slot: Slot | None = None
+    call_id: str | None = None
+
+    def made(self, call_id: str) -> None:
+        assert self.slot is not None, "a call is made only in a slot"
+        self.call_id = call_id
+        self.slot.made(call_id)
+        # The key's slot is now the call's: freed when the call ends.
+        self.auth.bind_call(call_id, self.caller)
+
+    def settle(self) -> None:
+        if self.call_id is not None:
+            return
+        if self.slot is not None:
+            self.slot.release()
+        if self.key_claimed:
+            self.auth.release_call(self.caller)
+
+
+@dataclass
+class Admission(Generic[Body]):
+    """A call allowed to start: who asked (None: no key required, or the
+    front, which admitted it), what the request's body said, and the slot
+    it holds. ``made`` once the call exists."""
+
+    caller: Caller | None
+    body: Body
+    _claims: _Claims = field(repr=False)
+
+    @property
+    def slot(self) -> Slot:
+        assert self._claims.slot is not None
+        return self._claims.slot
+
+    def made(self, call_id: str) -> None:
+        """The call exists: its slot counts it, and its key's slot is freed when it ends."""
+        self._claims.made(call_id)
+
+
+@asynccontextmanager
+async def admitted(
+    request: web.Request,
+    place: CallPlace,
+    transport: Transport,
+    read_body: Callable[[web.Request], Awaitable[Body]],
+    headers: Mapping[str, str] | None = None,
+    trusted: bool = False,
+) -> AsyncIterator[Admission[Body] | web.Response]:
+    """The admitted call, or the refusal to answer instead. ``read_body``
+    reads what the request asks for (raising a ``Refusal`` when that is
+    bad); ``headers``: where the caller's credentials are (the request's
+    own by default); ``trusted``: the front admitted this call already,
+    so only a slot is claimed. On leaving, whatever was claimed is given
+    back unless ``Admission.made`` was called, whatever happened inside
+    (a refusal, an error, the client gone)."""
+    claims = _Claims(request.app[AUTH])
+    try:
+        yield await _admit(request, place, transport, read_body, headers, trusted, claims)
+    finally:
+        claims.settle()
+
+
+async def _admit(
+    request: web.Request,
+    place: CallPlace,
+    transport: Transport,
+    read_body: Callable[[web.Request], Awaitable[Body]],
+    headers: Mapping[str, str] | None,
+    trusted: bool,
+    claims: _Claims,
+) -> Admission[Body] | web.Response:
+    """The checks in order, each claim recorded in ``claims`` as it is made."""
+    caller: Caller | None = None
+    if not trusted:
+        if (refused := rate_limited(request)) is not None:
+            return refused
+        caller, refused = authenticate(request, headers)
+        if refused is not None:
+            return refused
+    try:
+        body = await read_body(request)
+    except Refusal as exc:
+        return exc.response()
+    if not trusted:
+        if (refused := not_serving(request, request.app[ENGINE])) is not None:
+            return refused
+        if (refused := too_many_calls(request, caller)) is not None:
+            return refused
+        claims.caller, claims.key_claimed = caller, True
+    slot = place.reserve(transport)
+    if isinstance(slot, web.Response):
+        return slot
+    claims.slot = slot
+    if (refused := secret_spent(request, claims.caller)) is not None:
+        return refused
+    return Admission(claims.caller, body, claims)

@@ -17,7 +17,7 @@ import logging
 
 from aiohttp import web
 
-from voice_agent.server.admission import CALLS, SETTINGS, SHUTTING_DOWN
+from voice_agent.server.app_keys import CALLS, SETTINGS, SHUTTING_DOWN
 from voice_agent.server.calls import Call, CallRegistry
 
 log = logging.getLogger(__name__)

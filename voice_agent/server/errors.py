@@ -20,3 +20,16 @@ def error_response(
         }
     }
     return web.json_response(body, status=status, headers=headers)
+
+
+class Refusal(Exception):
+    """A refusal raised from deep in reading a request (a bad body), to be
+    answered with ``response()`` by whoever reads it."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.code, str(self))

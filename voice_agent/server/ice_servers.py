@@ -15,7 +15,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from voice_agent.rtc.turn import client_ice_servers
-from voice_agent.server.admission import SETTINGS
+from voice_agent.server.app_keys import SETTINGS
 from voice_agent.server.auth import AUTH, AuthError
 from voice_agent.server.errors import error_response
 from voice_agent.server.limits import request_rate_refusal

@@ -6,7 +6,8 @@ from aiohttp import web
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
-from voice_agent.server.app import LOOP_HEALTH, build_app, new_runner
+from voice_agent.server.app import build_app, new_runner
+from voice_agent.server.app_keys import LOOP_HEALTH
 from voice_agent.server.drain import drain_app, stop_draining
 
 

@@ -2,43 +2,26 @@
 WebSocket transport), for servers and phone gateways that do not want
 WebRTC. The call itself is ``ws/call.py``.
 
-Admission is a WebRTC offer's: the offer rate per address, an API key or a
-client secret (``Authorization: Bearer``, or for browsers, which cannot
-set headers on a WebSocket, the subprotocol ``openai-insecure-api-key.KEY``
-as OpenAI's own clients send it), the models, the key's calls, a free slot.
-Refusals are HTTP answers before the upgrade (401, 429, 503), so no call
-exists for them.
+Admission is a WebRTC offer's (``server/admission.py``): the offer rate
+per address, an API key or a client secret (``Authorization: Bearer``, or
+for browsers, which cannot set headers on a WebSocket, the subprotocol
+``openai-insecure-api-key.KEY`` as OpenAI's own clients send it), the
+models, the key's calls, a free slot. Refusals are HTTP answers before the
+upgrade (401, 429, 503), so no call exists for them.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 
-from voice_agent.realtime.errors import error_event
-from voice_agent.realtime.protocol import MAX_CLIENT_EVENT_BYTES, ClientEventError
-from voice_agent.server.admission import (
-    CALL_ID_PREFIX,
-    CALLS,
-    ENGINE,
-    RETRY_AFTER_S,
-    SETTINGS,
-    authenticate,
-    not_serving,
-    rate_limited,
-    secret_spent,
-    too_many_calls,
-)
-from voice_agent.server.auth import AUTH, Caller
-from voice_agent.server.errors import error_response
+from voice_agent.realtime.protocol import MAX_CLIENT_EVENT_BYTES
+from voice_agent.server.admission import admitted
+from voice_agent.server.app_keys import PLACE
 from voice_agent.server.route_marks import checks_its_own_caller
-from voice_agent.session.ids import new_id
-from voice_agent.ws.call import WebSocketCall
-
-log = logging.getLogger(__name__)
 
 REALTIME_PATH = "/v1/realtime"
 SUBPROTOCOL = "realtime"
@@ -66,91 +49,34 @@ def credentials(request: web.Request) -> Mapping[str, str]:
     return request.headers
 
 
-async def admit(request: web.Request) -> tuple[Caller | None, web.Response | None]:
-    """The caller, or the HTTP refusal to answer instead of upgrading."""
-    if (refused := rate_limited(request)) is not None:
-        return None, refused
-    caller, refused = authenticate(request, credentials(request))
-    if refused is not None:
-        return None, refused
-    if (refused := not_serving(request, request.app[ENGINE])) is not None:
-        return None, refused
-    if (refused := too_many_calls(request, caller)) is not None:
-        return None, refused
-    return caller, None
+async def _no_body(request: web.Request) -> None:
+    """A WebSocket session's request has no body to read."""
+    return None
+
+
+def _from_front(request: web.Request) -> tuple[str | None, dict[str, Any] | None]:
+    """The call id the front chose and the session a client secret bound."""
+    bound = request.headers.get(SESSION_HEADER)
+    return request.headers.get(CALL_ID_HEADER), json.loads(bound) if bound else None
 
 
 @checks_its_own_caller
 async def realtime_websocket(request: web.Request) -> web.StreamResponse:
-    settings, engine, calls, auth = (
-        request.app[SETTINGS],
-        request.app[ENGINE],
-        request.app[CALLS],
-        request.app[AUTH],
-    )
-    if request.app[TRUST_FRONT]:
-        caller = None
-        call_id = request.headers.get(CALL_ID_HEADER) or new_id(request.app[CALL_ID_PREFIX])
-        bound = request.headers.get(SESSION_HEADER)
-        session_config = json.loads(bound) if bound else None
-    else:
-        caller, refused = await admit(request)
-        if refused is not None:
-            return refused
-        call_id = new_id(request.app[CALL_ID_PREFIX])
-        session_config = caller.session if caller is not None else None
-    if not calls.reserve():
-        auth.release_call(caller)
-        calls.refused_full += 1
-        return error_response(
-            503,
-            "server_full",
-            f"all {calls.max_calls} call slots are busy",
-            {"Retry-After": RETRY_AFTER_S},
-        )
-    if (refused := secret_spent(request, caller)) is not None:
-        calls.release_reservation()
-        auth.release_call(caller)
-        return refused
-    try:
-        ws = web.WebSocketResponse(
-            protocols=(SUBPROTOCOL,),
-            max_msg_size=MAX_FRAME_BYTES,
-            heartbeat=settings.ws_heartbeat_s,
-        )
-        await ws.prepare(request)
-    except BaseException:
-        calls.release_reservation()
-        auth.release_call(caller)
-        raise
-    models = engine.models
-    assert models is not None  # admitted: not_serving refuses until they are loaded
-    call = WebSocketCall(
-        call_id,
-        settings,
-        models,
-        engine.session_config(),
-        engine.model_name,
-        engine.voice_name,
-        ws,
-        on_closed=calls.discard,
-    )
-    calls.release_reservation()
-    auth.bind_call(call.id, caller)
-    calls.add(call)
-    if session_config is not None:
-        try:
-            call.protocol.apply_session_config(session_config)
-        except ClientEventError as exc:
-            refusal = error_event("invalid_request_error", exc.code, str(exc), exc.param)
-            await ws.send_json({"event_id": new_id("event"), **refusal})
-            await call.close("bad_session")
-            return ws
-    log.info("websocket call created", extra={"call_id": call.id, "calls": len(calls)})
-    await call.run()
-    return ws
+    """Admit the session, then run it where calls live until it ends."""
+    place, trusted = request.app[PLACE], request.app[TRUST_FRONT]
+    call_id, session = _from_front(request) if trusted else (None, None)
+    async with admitted(
+        request, place, "websocket", _no_body, credentials(request), trusted
+    ) as admission:
+        if isinstance(admission, web.Response):
+            return admission
+        if not trusted and admission.caller is not None:
+            session = admission.caller.session
+        return await place.open_websocket(request, admission, call_id, session)
 
 
 def add_websocket_route(app: web.Application, trust_front: bool) -> None:
+    """``trust_front``: this is a media worker, whose front admitted every
+    session it relays (only the front reaches its private socket)."""
     app[TRUST_FRONT] = trust_front
     app.router.add_get(REALTIME_PATH, realtime_websocket)

@@ -33,7 +33,8 @@ from aiohttp import web
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine, SharedModelLinks
-from voice_agent.server.app import CALLS, LOOP_HEALTH, build_app, new_runner
+from voice_agent.server.app import build_app, new_runner
+from voice_agent.server.app_keys import CALLS, LOOP_HEALTH
 from voice_agent.server.drain import DRAIN_PATH, drain_app, drain_route, stop_draining
 
 log = logging.getLogger("voice_agent.server.worker")  # run as __main__

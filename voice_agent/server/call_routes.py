@@ -1,0 +1,79 @@
+"""The endpoints of calls, written once over where calls live
+(``server/place.py``): ``POST /v1/realtime/calls`` (an offer; also a WHIP
+endpoint: same shape, RFC 9725), a call's ``GET`` and ``DELETE`` (its
+maker's only), the WebSocket session, readiness, stats and metrics."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from aiohttp import web
+
+from voice_agent.server.access import manager_refusal
+from voice_agent.server.admission import admitted
+from voice_agent.server.app_keys import PLACE, SETTINGS
+from voice_agent.server.auth import with_bound_session
+from voice_agent.server.caller_metadata import with_caller_metadata
+from voice_agent.server.errors import error_response
+from voice_agent.server.offers import read_offer
+from voice_agent.server.place import CallPlace
+from voice_agent.server.public_url import path_prefix
+from voice_agent.server.route_marks import checks_its_own_caller
+from voice_agent.server.status_routes import add_status_routes
+from voice_agent.server.websocket import add_websocket_route
+
+CALLS_PATH = "/v1/realtime/calls"
+
+
+@checks_its_own_caller
+async def create_call(request: web.Request) -> web.StreamResponse:
+    """A call from a WebRTC offer: 201 with the SDP answer and the call's
+    Location, or the refusal. Bad offers are refused before anything is
+    claimed for them."""
+    place = request.app[PLACE]
+    async with admitted(request, place, "webrtc", read_offer) as admission:
+        if isinstance(admission, web.Response):
+            return admission
+        offer = admission.body
+        session = with_caller_metadata(
+            with_bound_session(admission.caller, offer.session),
+            request.headers,
+            request.app[SETTINGS].llm_instructions,
+        )
+        return await place.make_call(request, admission, replace(offer, session=session))
+
+
+@checks_its_own_caller
+async def delete_call(request: web.Request) -> web.StreamResponse:
+    call_id = request.match_info["call_id"]
+    if (refused := manager_refusal(request, call_id)) is not None:
+        return refused
+    answer = await request.app[PLACE].end_call(call_id)
+    return answer if answer is not None else _no_such_call()
+
+
+@checks_its_own_caller
+async def get_call(request: web.Request) -> web.StreamResponse:
+    """Whether a call is still live: how a SIP gateway learns that the
+    service hung up, and sends the phone a BYE."""
+    call_id = request.match_info["call_id"]
+    if (refused := manager_refusal(request, call_id)) is not None:
+        return refused
+    answer = await request.app[PLACE].describe_call(call_id)
+    return answer if answer is not None else _no_such_call()
+
+
+def _no_such_call() -> web.Response:
+    return error_response(404, "call_not_found", "no such call")
+
+
+def add_call_routes(app: web.Application, place: CallPlace, trust_front: bool = False) -> None:
+    """Every endpoint of calls and their state, over ``place``;
+    ``trust_front``: this is a media worker behind the front."""
+    app[PLACE] = place
+    app.router.add_post(CALLS_PATH, create_call)
+    for prefix in {"", path_prefix(app[SETTINGS].public_url)}:
+        app.router.add_delete(prefix + CALLS_PATH + "/{call_id}", delete_call)
+    app.router.add_get(CALLS_PATH + "/{call_id}", get_call)
+    add_websocket_route(app, trust_front)
+    add_status_routes(app)
