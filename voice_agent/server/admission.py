@@ -80,7 +80,7 @@ def secret_spent(request: web.Request, caller: Caller | None) -> web.Response | 
     refusal before this leaves it good for a retry): a 401 if the same
     secret was spent meanwhile."""
     auth = request.app[AUTH]
-    if auth.spend(caller):
+    if auth.secrets.spend(caller):
         return None
     auth.refused["unauthorized"] += 1
     return error_response(401, "invalid_client_secret", "the client secret is expired or used")

@@ -8,14 +8,11 @@ configuration it was minted with, expires (``expires_after.seconds``, 10
 minutes by default, at most 2 hours), and is good for one call: used or
 expired, it is refused.
 
-A client secret is stateless: its key's id, expiry, a nonce and the bound
-session, signed with a key derived from the API key that minted it. Any
-replica that holds the same API keys accepts it (replicas behind a
-balancer share nothing), removing the key revokes its secrets, and
-minting keeps nothing. Single use is enforced per process: a spent
-secret's nonce is kept until it expires, and it is spent only once its
-call has a slot (a 503 leaves it good for the retry). Across N replicas a
-secret could be used once on each within its lifetime; keep it short.
+A client secret is a stateless signed token (secret_tokens.py): any
+replica holding the same API keys accepts it. It is spent only once its
+call has a slot (a 503 leaves it good for the retry); single use is kept
+per process, so across N replicas a secret could be used once on each
+within its lifetime: keep it short.
 
 Authentication is required when keys are configured or the server listens
 beyond loopback (``--auth auto``), and off only on loopback with no keys;
@@ -28,19 +25,11 @@ counts against the key that minted it. A call is managed (``GET``,
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import hmac
 import ipaddress
 import json
 import logging
-import math
-import secrets
-import time
-import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,72 +37,38 @@ from aiohttp import web
 
 from voice_agent.config import Settings, weak_secret
 from voice_agent.ratelimit import TokenBucket
+from voice_agent.server.callers import (
+    AuthConfigError,
+    AuthError,
+    Caller,
+    key_id,
+    token_bytes,
+    token_hash,
+)
 from voice_agent.server.errors import error_response
 from voice_agent.server.limits import request_rate_refusal
 from voice_agent.server.route_marks import checks_its_own_caller
+from voice_agent.server.secret_tokens import (
+    DEFAULT_SECRET_TTL_S,
+    SECRET_PREFIX,
+    ClientSecrets,
+)
+
+# Re-exported: the rest of the server imports them from here.
+__all__ = [
+    "AUTH",
+    "AuthConfigError",
+    "AuthError",
+    "Authenticator",
+    "Caller",
+    "key_id",
+    "with_bound_session",
+]
 
 log = logging.getLogger(__name__)
 
-SECRET_PREFIX = "ek_"
-DEFAULT_SECRET_TTL_S = 600
-MAX_SECRET_TTL_S = 7200
-MIN_SECRET_TTL_S = 1  # OpenAI's least is 10 s; shorter harms no one
-# Spent secrets remembered (until they expire) for single use; beyond it
-# the oldest are forgotten first. ~100 bytes each.
-MAX_SPENT_SECRETS = 100_000
-# A secret travels in an Authorization header or a WebSocket subprotocol,
-# which servers cap at ~8 KiB: the bound session must fit, compressed.
-MAX_SECRET_CHARS = 6000
-_SECRET_CONTEXT = b"voice-agent client secret v1"
-
-
 CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
 MAX_SECRET_REQUEST_BYTES = 64 * 1024
-
-
-class AuthConfigError(RuntimeError):
-    """Authentication is required but cannot work as configured."""
-
-
-class AuthError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Whom a request is from: ``key_id`` names the API key (a short hash,
-    never the key), ``session`` is a client secret's bound configuration."""
-
-    key_id: str
-    session: dict[str, Any] | None = None
-    secret_hash: str | None = None  # the client secret it came with (sha256)
-    # A client secret's nonce and expiry: spent (once) when its call is admitted.
-    nonce: str | None = None
-    expires_at: float = 0.0
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def key_id(key: str) -> str:
-    return "key_" + hashlib.sha256(key.encode()).hexdigest()[:12]
-
-
-def _token_bytes(token: str) -> bytes:
-    # aiohttp decodes header bytes that are not UTF-8 as surrogates.
-    return token.encode("utf-8", "surrogateescape")
-
-
-def _hash(token: str) -> str:
-    return hashlib.sha256(_token_bytes(token)).hexdigest()
 
 
 def read_keys_file(path: Path) -> list[str]:
@@ -141,14 +96,7 @@ class Authenticator:
     ) -> None:
         self.required = required
         self._keys = {key_id(k): k for k in keys}
-        # Secrets are signed per key; without keys (auth off, one process)
-        # with a key of this process's own.
-        self._signing = {
-            kid: hmac.new(key.encode(), _SECRET_CONTEXT, hashlib.sha256).digest()
-            for kid, key in self._keys.items()
-        }
-        self._signing.setdefault("local", secrets.token_bytes(32))
-        self._spent: dict[str, float] = {}  # nonce -> its secret's expiry
+        self.secrets = ClientSecrets(self._keys)
         self._offers_per_minute = offers_per_minute_per_key
         self._max_calls = max_calls_per_key
         self._buckets: dict[str, TokenBucket] = {}
@@ -204,7 +152,7 @@ class Authenticator:
         token = _bearer(headers.get("Authorization", ""))
         if not self.required:
             if allow_secret and token is not None and token.startswith(SECRET_PREFIX):
-                return self._unseal(token)
+                return self.secrets.unseal(token)
             return None
         if token is None:
             self.refused["unauthorized"] += 1
@@ -213,7 +161,7 @@ class Authenticator:
         if kid is not None:
             return Caller(kid)
         if allow_secret and token.startswith(SECRET_PREFIX):
-            caller = self._unseal(token)
+            caller = self.secrets.unseal(token)
             if caller is not None:
                 return caller
             self.refused["unauthorized"] += 1
@@ -224,60 +172,12 @@ class Authenticator:
     def _key_of(self, token: str) -> str | None:
         """The id of the API key ``token`` is, compared in constant time
         (as bytes: a token with characters beyond ASCII is just wrong)."""
-        given = _token_bytes(token)
+        given = token_bytes(token)
         found = None
         for kid, key in self._keys.items():
             if hmac.compare_digest(given, key.encode()):
                 found = kid
         return found
-
-    def _unseal(self, token: str) -> Caller | None:
-        """The caller a client secret stands for, if it is one this
-        service's keys signed, unexpired and not spent here; else None.
-        The signature is checked before anything in it is decoded."""
-        if len(token) > MAX_SECRET_CHARS:
-            return None
-        kid, _, rest = token[len(SECRET_PREFIX) :].partition(".")
-        sealed, _, mac = rest.partition(".")
-        signing = self._signing.get(kid)
-        if signing is None:
-            return None
-        signed = f"{kid}.{sealed}".encode("ascii", "replace")
-        expected = hmac.new(signing, signed, hashlib.sha256).digest()
-        try:
-            # Canonical only: base64's unused low bits would let another
-            # string stand for the same signature.
-            if not hmac.compare_digest(_unb64(mac), expected) or _b64(expected) != mac:
-                return None
-            payload = json.loads(zlib.decompress(_unb64(sealed)))
-        except (binascii.Error, ValueError, zlib.error, RecursionError):
-            return None
-        if not isinstance(payload, dict):
-            return None
-        nonce, expires_at, session = payload.get("n"), payload.get("e"), payload.get("s")
-        if not isinstance(nonce, str) or not isinstance(expires_at, int):
-            return None
-        if expires_at <= time.time() or nonce in self._spent:
-            return None
-        bound = session if isinstance(session, dict) else None
-        return Caller(kid, bound, _hash(token), nonce, expires_at)
-
-    def spend(self, caller: Caller | None) -> bool:
-        """Spend the client secret the caller came with, as its call is
-        admitted: False if it was spent meanwhile (the same secret twice at
-        once). Callers with an API key have nothing to spend."""
-        if caller is None or caller.nonce is None:
-            return True
-        now = time.time()
-        if caller.nonce in self._spent or caller.expires_at <= now:
-            return False
-        if len(self._spent) >= MAX_SPENT_SECRETS:
-            for nonce in [n for n, expiry in self._spent.items() if expiry <= now]:
-                del self._spent[nonce]
-            while len(self._spent) >= MAX_SPENT_SECRETS:
-                del self._spent[next(iter(self._spent))]  # the oldest first
-        self._spent[caller.nonce] = caller.expires_at
-        return True
 
     def has_key(self, headers: Mapping[str, str]) -> bool:
         """Whether the request carries one of the API keys (or needs none)."""
@@ -301,7 +201,7 @@ class Authenticator:
         kid = self._key_of(token)
         if kid is None:
             made_with = owner.secret_hash if owner is not None else None
-            if made_with is not None and hmac.compare_digest(made_with, _hash(token)):
+            if made_with is not None and hmac.compare_digest(made_with, token_hash(token)):
                 return
             if owner is None and token.startswith(SECRET_PREFIX):
                 # Its call may have ended already (the page's hang-up comes late).
@@ -312,34 +212,6 @@ class Authenticator:
             raise AuthError(404, "call_not_found", "no such call")
 
     # -- client secrets ---------------------------------------------------------
-    def mint(self, caller: Caller, ttl_s: float, session: dict[str, Any] | None) -> dict[str, Any]:
-        """A new single-use secret, bound to ``session``, signed for the
-        caller's key."""
-        if not MIN_SECRET_TTL_S <= ttl_s <= MAX_SECRET_TTL_S:
-            raise AuthError(
-                400,
-                "invalid_expires_after",
-                f"expires_after.seconds must be {MIN_SECRET_TTL_S}-{MAX_SECRET_TTL_S}",
-            )
-        expires_at = math.floor(time.time() + ttl_s)
-        payload: dict[str, Any] = {"e": expires_at, "n": secrets.token_urlsafe(12)}
-        if session is not None:
-            payload["s"] = session
-        text = json.dumps(payload, separators=(",", ":")).encode()
-        # The key's id in the clear: it says which signing key to check with.
-        signed = f"{caller.key_id}.{_b64(zlib.compress(text, 9))}"
-        mac = hmac.new(self._signing[caller.key_id], signed.encode("ascii"), hashlib.sha256)
-        value = f"{SECRET_PREFIX}{signed}.{_b64(mac.digest())}"
-        if len(value) > MAX_SECRET_CHARS:
-            raise AuthError(
-                400,
-                "session_too_large",
-                f"the session bound to a client secret must fit in {MAX_SECRET_CHARS} "
-                f"characters once compressed (this one takes {len(value)}); set the rest "
-                "with session.update once the call is up",
-            )
-        return {"value": value, "expires_at": expires_at}
-
     # -- per-key limits -----------------------------------------------------------
     def take_offer(self, caller: Caller | None) -> float | None:
         """Spend one offer for the caller's key: None if allowed, else the
@@ -389,7 +261,7 @@ class Authenticator:
         return {
             "required": self.required,
             "keys": len(self._keys),
-            "spent_client_secrets": len(self._spent),
+            "spent_client_secrets": self.secrets.spent_count,
             "calls_by_key": dict(self._calls),
             "refused": dict(self.refused),
         }
@@ -444,7 +316,7 @@ async def create_client_secret(request: web.Request) -> web.StreamResponse:
     if isinstance(ttl, bool) or not isinstance(ttl, int | float):
         return error_response(400, "invalid_expires_after", "expires_after.seconds: a number")
     try:
-        secret = auth.mint(caller, float(ttl), session)
+        secret = auth.secrets.mint(caller, float(ttl), session)
     except AuthError as exc:
         return error_response(exc.status, exc.code, str(exc))
     return web.json_response({**secret, "session": session or {}})
