@@ -87,10 +87,9 @@ class Conversation:
         words join it, trimmed if they overflow the window: the prompt (and so
         the prefill of the next turn, made with empty words) then starts with
         what the LLM server will see on the turns that follow, and its cache
-        holds. (The history used to be cut when the words were added, after
-        the prefill: every third turn the LLM processed the whole history
-        again on the reply's critical path, 130-170 tokens, 0.5-0.6 s on 2
-        cores.)"""
+        holds. (Cut when the words are added, after the prefill, the history
+        would make the LLM process all of it again on every third reply's
+        critical path: 130-170 tokens, 0.5-0.6 s on 2 cores.)"""
         if user_text is None:
             return self.prompt(self.history, instructions)
         user = _Entry(ChatMessage("user", user_text))
