@@ -310,3 +310,18 @@ def test_auth_off_on_a_public_address_is_logged_as_a_warning(
     levels = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert levels[0][0] == "WARNING" and "public address" in levels[0][1]
     assert levels[1] == ("INFO", "authentication required")
+
+
+def test_a_call_that_ends_before_its_maker_is_bound_frees_the_keys_slot() -> None:
+    """A worker can report a call's end before the front has relayed its
+    answer and bound it to its key: the key's slot is still given back."""
+    auth = Authenticator([KEY], required=True, max_calls_per_key=1)
+    caller = auth.identify({"Authorization": f"Bearer {KEY}"}, allow_secret=False)
+    assert caller is not None and auth.claim_call(caller)
+    assert not auth.claim_call(caller)  # its one slot is taken
+    auth.on_call_change("ended", "rtc_w0_early")
+    auth.bind_call("rtc_w0_early", caller)
+    assert auth.claim_call(caller)  # given back
+    auth.bind_call("rtc_w0_later", caller)
+    auth.on_call_change("ended", "rtc_w0_later")  # the usual order still frees it
+    assert auth.claim_call(caller)

@@ -29,6 +29,7 @@ import hmac
 import ipaddress
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# Ended calls remembered in case their maker is bound after the end (a
+# relayed answer races the worker's report of the end); 0.1 MB at most.
+MAX_ENDED_UNBOUND = 1000
+
 CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
 MAX_SECRET_REQUEST_BYTES = 64 * 1024
 
@@ -102,6 +107,8 @@ class Authenticator:
         self._buckets: dict[str, TokenBucket] = {}
         self._calls: dict[str, int] = {}
         self._owners: dict[str, Caller] = {}  # live call id -> its caller
+        # Calls that ended before their maker was bound, oldest first.
+        self._ended_unbound: OrderedDict[str, None] = OrderedDict()
         self.refused = {"unauthorized": 0, "rate_limited": 0, "too_many_calls": 0}
 
     @classmethod
@@ -239,14 +246,27 @@ class Authenticator:
         return True
 
     def bind_call(self, call_id: str, caller: Caller | None) -> None:
-        """The claimed call now exists: released when it ends."""
-        if caller is not None:
-            self._owners[call_id] = caller
+        """The claimed call now exists: released when it ends (at once if
+        it has ended already: a worker can report a call's end before its
+        answer has been relayed)."""
+        if caller is None:
+            return
+        if call_id in self._ended_unbound:
+            del self._ended_unbound[call_id]
+            self.release_call(caller)
+            return
+        self._owners[call_id] = caller
 
     def on_call_change(self, change: str, call_id: str) -> None:
         """A call registry's listener: an ended call frees its key's slot."""
-        if change == "ended":
-            self.release_call(self._owners.pop(call_id, None))
+        if change != "ended":
+            return
+        owner = self._owners.pop(call_id, None)
+        if owner is None:  # its maker may not be bound yet: remembered (bounded)
+            self._ended_unbound[call_id] = None
+            while len(self._ended_unbound) > MAX_ENDED_UNBOUND:
+                self._ended_unbound.popitem(last=False)
+        self.release_call(owner)
 
     def release_call(self, caller: Caller | None) -> None:
         if caller is None:
