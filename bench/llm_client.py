@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from voice_agent.backends.base import ChatMessage, LlmError
-from voice_agent.backends.llama_server import EmbeddedLlamaServer, default_model_path
-from voice_agent.backends.llm_http import HttpLlmConfig
-from voice_agent.backends.llm_openai import OpenAIChatLlm
+from voice_agent.backends.llm.chat_completions import OpenAIChatLlm
+from voice_agent.backends.llm.http_client import HttpLlmConfig
+from voice_agent.backends.llm.llama_server import EmbeddedLlamaServer, default_model_path
 from voice_agent.stages.text_filter import SpokenTextFilter
 from voice_agent.testing.figures import percentile
 from voice_agent.testing.ports import free_port

@@ -35,10 +35,10 @@ from typing import get_args
 import aiohttp
 
 from voice_agent.backends.base import ChatMessage
-from voice_agent.backends.llama_server import EmbeddedLlamaServer, default_model_path
-from voice_agent.backends.llm_http import HttpLlmConfig
-from voice_agent.backends.llm_openai import OpenAIChatLlm
-from voice_agent.backends.llm_weights import Quantisation, weights_for
+from voice_agent.backends.llm.chat_completions import OpenAIChatLlm
+from voice_agent.backends.llm.http_client import HttpLlmConfig
+from voice_agent.backends.llm.llama_server import EmbeddedLlamaServer, default_model_path
+from voice_agent.backends.llm.weights import Quantisation, weights_for
 from voice_agent.config import Settings
 from voice_agent.session.conversation import Conversation
 

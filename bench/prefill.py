@@ -41,8 +41,8 @@ from typing import Any
 import aiohttp
 
 from voice_agent.backends.base import ChatMessage
-from voice_agent.backends.llm_http import sse_events
-from voice_agent.backends.llm_openai import OpenAIChatLlm
+from voice_agent.backends.llm.chat_completions import OpenAIChatLlm
+from voice_agent.backends.llm.http_client import sse_events
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.session.conversation import Conversation

@@ -19,7 +19,7 @@ from voice_agent.client import RealtimeClient
 from voice_agent.rtc import opus_wideband
 from voice_agent.rtc.arrival_order import ATTRIBUTE, ArrivalOrderBuffer
 from voice_agent.rtc.call import Call
-from voice_agent.rtc.decoder_hop import InlineDecoder
+from voice_agent.rtc.inline_decoding import InlineDecoder
 from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
 
 

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from voice_agent.backends.batching import BatchingWorker, WorkerClosed
+from voice_agent.backends.runtime.batching import BatchingWorker, WorkerClosed
 
 
 class Model:

@@ -17,7 +17,7 @@ import pytest
 
 from tests import conftest
 from tests.scripted_call import peer
-from voice_agent.backends.turn_smart import SmartTurn, SmartTurnFeatures, packaged_weights
+from voice_agent.backends.turn.smart_turn import SmartTurn, SmartTurnFeatures, packaged_weights
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.rtc.outbound import PacedAudioTrack

@@ -41,9 +41,13 @@ from tests.test_signaling import post, real_offer
 from tests.transcription_server import API_KEY, transcription_server
 from voice_agent.backends import registry
 from voice_agent.backends.base import TtsBackend
-from voice_agent.backends.llama_server import MODEL_ALIAS, EmbeddedLlamaServer, default_model_path
-from voice_agent.backends.llm_http import HttpLlmConfig
-from voice_agent.backends.llm_openai import OpenAIChatLlm
+from voice_agent.backends.llm.chat_completions import OpenAIChatLlm
+from voice_agent.backends.llm.http_client import HttpLlmConfig
+from voice_agent.backends.llm.llama_server import (
+    MODEL_ALIAS,
+    EmbeddedLlamaServer,
+    default_model_path,
+)
 from voice_agent.client import RealtimeClient
 from voice_agent.config import Settings
 from voice_agent.engine import Engine

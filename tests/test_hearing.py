@@ -19,7 +19,7 @@ from tests.test_faults import API, OTHER_REPLY, apology_heard, caller, failure_c
 from tests.transcription_server import API_KEY, transcription_server
 from voice_agent.backends import registry
 from voice_agent.backends.capabilities import CarefulTranscriber, Transcription
-from voice_agent.backends.stt_openai import HostedStt
+from voice_agent.backends.stt.hosted import HostedStt
 from voice_agent.engine import Engine
 from voice_agent.server.speech_api import add_speech_routes
 from voice_agent.session.hearing import Hearing, HearingStats

@@ -15,14 +15,14 @@ import pytest
 
 from voice_agent.backends import OMP_DEFAULT_MARK
 from voice_agent.backends.base import ChatMessage
-from voice_agent.backends.llama_server import (
+from voice_agent.backends.llm.chat_completions import OpenAIChatLlm
+from voice_agent.backends.llm.http_client import HttpLlmConfig
+from voice_agent.backends.llm.llama_server import (
     EmbeddedLlamaServer,
     OmpWait,
     default_model_path,
     find_llama_server,
 )
-from voice_agent.backends.llm_http import HttpLlmConfig
-from voice_agent.backends.llm_openai import OpenAIChatLlm
 
 
 async def reply(llm: OpenAIChatLlm) -> str:
@@ -141,7 +141,7 @@ async def test_with_spin_the_server_does_not_inherit_this_processs_passive_openm
 def llama_environment_in_a_new_process(env: dict[str, str], omp_wait: str) -> dict[str, str]:
     """What a service started with ``env`` would give its llama-server."""
     code = (
-        "import json; from voice_agent.backends import llama_server; "
+        "import json; from voice_agent.backends.llm import llama_server; "
         f"print(json.dumps(llama_server.child_environment({omp_wait!r})))"
     )
     done = subprocess.run(

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from voice_agent.backends.llama_server import MODEL_ALIAS
-from voice_agent.backends.llm_http import sse_events
+from voice_agent.backends.llm.http_client import sse_events
+from voice_agent.backends.llm.llama_server import MODEL_ALIAS
 from voice_agent.engine import Engine
 
 SYSTEM = (

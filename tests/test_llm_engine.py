@@ -6,8 +6,8 @@ import pytest
 
 from tests.conftest import serve_refusing_to_start
 from tests.conftest import test_settings as settings_for
-from voice_agent.backends.llm_openai import OpenAIChatLlm
-from voice_agent.backends.llm_responses import OpenAIResponsesLlm
+from voice_agent.backends.llm.chat_completions import OpenAIChatLlm
+from voice_agent.backends.llm.responses import OpenAIResponsesLlm
 from voice_agent.engine import Engine
 from voice_agent.testing.ports import free_port
 from voice_agent.testing.scripted_llm import (

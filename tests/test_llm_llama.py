@@ -18,8 +18,8 @@ from aiohttp import web
 from tests.conftest import ServerFactory, run_server
 from tests.conftest import test_settings as settings_for
 from voice_agent.backends.base import ChatMessage, LlmBackend
-from voice_agent.backends.llm_openai import OpenAIChatLlm
-from voice_agent.backends.llm_responses import OpenAIResponsesLlm
+from voice_agent.backends.llm.chat_completions import OpenAIChatLlm
+from voice_agent.backends.llm.responses import OpenAIResponsesLlm
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.testing.scripted_llm import close_quietly, engine_with_llm

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from tests import conftest
-from voice_agent.backends.llm_http import HttpLlmConfig
+from voice_agent.backends.llm.http_client import HttpLlmConfig
 from voice_agent.engine import Engine
 from voice_agent.strict_json import MAX_DEPTH
 from voice_agent.testing.ports import free_port

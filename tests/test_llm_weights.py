@@ -1,4 +1,4 @@
-"""The packaged LLM weights converted to Q8_0 (llm_weights.py), on the real
+"""The packaged LLM weights converted to Q8_0 (backends/llm/weights.py), on the real
 packaged SmolLM2 file. Serving the converted file is what every test that
 starts the embedded LLM through the Engine does (Q8_0 is the default)."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from gguf import quants
 
-from voice_agent.backends.llama_server import default_model_path
-from voice_agent.backends.llm_weights import converted_path, weights_for
+from voice_agent.backends.llm.llama_server import default_model_path
+from voice_agent.backends.llm.weights import converted_path, weights_for
 
 
 @pytest.fixture(scope="module")

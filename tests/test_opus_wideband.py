@@ -19,8 +19,8 @@ from av import CodecContext
 
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.rtc import opus_wideband
-from voice_agent.rtc.decoder_hop import InlineDecoder
 from voice_agent.rtc.inbound import frame_to_mono_int16, pump_inbound_audio, stream_position
+from voice_agent.rtc.inline_decoding import InlineDecoder
 from voice_agent.rtc.opus_wideband import DecodedAudio, OpusDecodeError, WidebandOpusDecoder
 from voice_agent.testing.audio_data import librivox
 

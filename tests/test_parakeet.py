@@ -18,7 +18,7 @@ from tests.stt_fixtures import engine_with_stt, load_stt, parakeet_settings
 from voice_agent.backends import registry
 from voice_agent.backends.base import SttBackend
 from voice_agent.backends.capabilities import CarefulTranscriber
-from voice_agent.backends.stt_parakeet import ParakeetStt
+from voice_agent.backends.stt.parakeet import ParakeetStt
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.session.events import SessionEvent, UserTranscript, UserTranscriptDelta

@@ -22,7 +22,7 @@ from tests.conftest import test_settings as settings_with
 from tests.stt_fixtures import engine_with_models, parakeet_settings
 from tests.test_llama_slots import complete
 from voice_agent.backends.base import ChatMessage, SttBackend, ToolCall
-from voice_agent.backends.llm_openai import OpenAIChatLlm, chat_message
+from voice_agent.backends.llm.chat_completions import OpenAIChatLlm, chat_message
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.session.conversation import Conversation

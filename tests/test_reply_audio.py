@@ -12,7 +12,7 @@ import pytest
 
 from tests.test_heard_text import ScriptedLlm
 from voice_agent.backends.base import ChatMessage, TtsBackend
-from voice_agent.backends.tts_piper import PiperTts, default_voice_path
+from voice_agent.backends.tts.piper_tts import PiperTts, default_voice_path
 from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.events import ResponseFinished, SessionEvent
 from voice_agent.session.response import LEAD_THRESHOLD, ReplySettings, Response

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from voice_agent.backends.llama_server import find_llama_server
+from voice_agent.backends.llm.llama_server import find_llama_server
 from voice_agent.testing.ports import free_port
 
 PORTABLE_FLAG = "-DGGML_NATIVE=OFF"

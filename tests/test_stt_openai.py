@@ -20,7 +20,7 @@ from tests.stt_fixtures import engine_with_stt
 from tests.transcription_server import API_KEY, TranscriptionServer, transcription_server
 from voice_agent.backends import registry
 from voice_agent.backends.base import SttBackend
-from voice_agent.backends.stt_openai import OpenAIStt, RemoteSttError
+from voice_agent.backends.stt.hosted import OpenAIStt, RemoteSttError
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.testing.audio_data import silence

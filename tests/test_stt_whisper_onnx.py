@@ -16,12 +16,12 @@ import pytest
 from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 
-from voice_agent.backends import whisper_onnx_graphs as graphs
-from voice_agent.backends import whisper_weights
-from voice_agent.backends.ct2_model_file import Ct2FormatError, read_variables
-from voice_agent.backends.stt_faster_whisper import FasterWhisperStt
-from voice_agent.backends.whisper_onnx_decoder import OnnxWhisperDecoder, TokenIds
-from voice_agent.backends.whisper_onnx_graphs import decoder_graphs, quantize_blocks
+from voice_agent.backends.stt import whisper_onnx_graphs as graphs
+from voice_agent.backends.stt import whisper_weights
+from voice_agent.backends.stt.ct2_model_file import Ct2FormatError, read_variables
+from voice_agent.backends.stt.whisper import FasterWhisperStt
+from voice_agent.backends.stt.whisper_onnx_decoder import OnnxWhisperDecoder, TokenIds
+from voice_agent.backends.stt.whisper_onnx_graphs import decoder_graphs, quantize_blocks
 from voice_agent.testing.audio_data import librivox, reference, word_error_rate
 
 CLIPS = ["0880", "0930", "0890", "0920", "0870"]

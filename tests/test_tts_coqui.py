@@ -25,7 +25,7 @@ from tests.conftest import test_settings as settings_with
 from tests.stt_fixtures import engine_with_models
 from voice_agent.backends import registry
 from voice_agent.backends.base import synthesize
-from voice_agent.backends.packaged import is_installed
+from voice_agent.backends.runtime.packaged import is_installed
 from voice_agent.client import RealtimeClient
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
@@ -44,7 +44,7 @@ if not is_installed("TTS"):
         allow_module_level=True,
     )
 
-from voice_agent.backends.tts_coqui import XTTS_CHUNK_TOKENS, CoquiTts, _XttsStream
+from voice_agent.backends.tts.coqui import XTTS_CHUNK_TOKENS, CoquiTts, _XttsStream
 from voice_agent.testing.tiny_coqui import (
     VITS_SPEAKERS,
     XTTS_SPEAKER,

@@ -33,7 +33,7 @@ from tests.test_faults import (
 from tests.test_stt_openai import unused_port
 from voice_agent.backends import registry
 from voice_agent.backends.base import synthesize
-from voice_agent.backends.tts_openai import OpenAITts, RemoteTtsError
+from voice_agent.backends.tts.hosted import OpenAITts, RemoteTtsError
 from voice_agent.engine import Engine
 from voice_agent.testing.scripted_llm import (
     Script,

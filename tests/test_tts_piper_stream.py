@@ -17,8 +17,8 @@ from piper import PiperVoice
 from piper.config import PiperConfig
 
 from voice_agent.backends.base import synthesize
-from voice_agent.backends.piper_halves import FIRST_WINDOW_FRAMES, split_voice, windows
-from voice_agent.backends.tts_piper import (
+from voice_agent.backends.tts.piper_split import FIRST_WINDOW_FRAMES, split_voice, windows
+from voice_agent.backends.tts.piper_tts import (
     GAIN_RAMP,
     PiperTts,
     _follow_peak,

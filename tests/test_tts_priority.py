@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from voice_agent.backends.base import PriorityInferenceWorker, synthesize
-from voice_agent.backends.tts_piper import PiperTts, default_voice_path
+from voice_agent.backends.tts.piper_tts import PiperTts, default_voice_path
 
 
 async def test_urgent_jobs_jump_the_queue_and_cancelled_ones_never_run() -> None:

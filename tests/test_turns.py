@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from voice_agent.backends.vad_silero import SileroVad
-from voice_agent.backends.vad_webrtc import WebRtcVad
+from voice_agent.backends.vad.silero import SileroVad
+from voice_agent.backends.vad.webrtc import WebRtcVad
 from voice_agent.config import Settings
 from voice_agent.engine import turn_config
 from voice_agent.stages.turns import (

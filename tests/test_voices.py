@@ -26,7 +26,7 @@ from tests.stt_fixtures import engine_with_models
 from tests.test_faults import API, ask, caller
 from voice_agent.backends.base import synthesize
 from voice_agent.backends.registry import BackendUnavailable
-from voice_agent.backends.tts_piper import PiperTts, default_voice_path, voice_paths
+from voice_agent.backends.tts.piper_tts import PiperTts, default_voice_path, voice_paths
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
 from voice_agent.testing.scripted_llm import (

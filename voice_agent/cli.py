@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             asyncio.run(serve(settings))
         except Exception as exc:
-            from voice_agent.backends.llama_server import LlamaServerError
+            from voice_agent.backends.llm.llama_server import LlamaServerError
             from voice_agent.backends.registry import BackendUnavailable
-            from voice_agent.backends.whisper_weights import WeightsUnavailable
+            from voice_agent.backends.stt.whisper_weights import WeightsUnavailable
             from voice_agent.server.auth import AuthConfigError
             from voice_agent.session.tools import ToolLoadError
 

@@ -23,17 +23,17 @@ from voice_agent.backends.base import (
     synthesize,
 )
 from voice_agent.backends.capabilities import ClosesAsync, PartialTranscriber, WarmsUp
-from voice_agent.backends.llama_server import (
+from voice_agent.backends.llm.health import RemoteLlmProbe
+from voice_agent.backends.llm.http_client import HttpLlmConfig
+from voice_agent.backends.llm.llama_server import (
     MODEL_ALIAS,
     EmbeddedLlamaServer,
     LlamaServerError,
     default_model_path,
 )
-from voice_agent.backends.llm_health import RemoteLlmProbe
-from voice_agent.backends.llm_http import HttpLlmConfig
-from voice_agent.backends.llm_weights import weights_for
-from voice_agent.backends.stt_openai import HostedStt
-from voice_agent.backends.tts_openai import hosted as hosted_tts
+from voice_agent.backends.llm.weights import weights_for
+from voice_agent.backends.stt.hosted import HostedStt
+from voice_agent.backends.tts.hosted import hosted as hosted_tts
 from voice_agent.config import Settings
 from voice_agent.cpu import (
     default_threads,

@@ -26,9 +26,9 @@ import numpy as np
 from voice_agent.backends import registry
 from voice_agent.backends.base import ChatMessage, synthesize
 from voice_agent.backends.capabilities import ClosesAsync
-from voice_agent.backends.llama_exits import REBUILD
-from voice_agent.backends.llama_server import LlamaServerError
-from voice_agent.backends.whisper_weights import WeightsUnavailable
+from voice_agent.backends.llm.llama_exits import REBUILD
+from voice_agent.backends.llm.llama_server import LlamaServerError
+from voice_agent.backends.stt.whisper_weights import WeightsUnavailable
 from voice_agent.config import Settings
 
 PHRASE = Path(__file__).parent / "data" / "phrase-go-forward.raw"

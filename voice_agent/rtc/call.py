@@ -34,7 +34,7 @@ from aiortc import (
 from voice_agent.audio.echo import JITTER_MARGIN_S, PLAYOUT_JITTER_MARGIN_S, EchoCanceller
 from voice_agent.config import Settings
 from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES
-from voice_agent.rtc import arrival_order, decoder_hop, dtmf, internals
+from voice_agent.rtc import arrival_order, dtmf, inline_decoding, internals
 from voice_agent.rtc.call_core import CallCore
 from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
@@ -123,7 +123,7 @@ class Call(CallCore):
         if not self.settings.input_playout_buffer:
             arrival_order.use_for(transceiver.receiver)  # before any packet can arrive
         if not self.settings.input_decoder_thread:
-            decoder_hop.decode_inline(transceiver.receiver, self.settings.input_opus_16k)
+            inline_decoding.decode_inline(transceiver.receiver, self.settings.input_opus_16k)
         codecs: list[RTCRtpCodecParameters] = transceiver._codecs
         if not codecs or dtmf.is_telephone_event(codecs[0]):
             raise ValueError("the offer has no audio codec in common (Opus, PCMU or PCMA)")

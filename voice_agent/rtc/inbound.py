@@ -3,7 +3,7 @@
 aiortc decodes Opus to 48 kHz interleaved stereo s16 frames, G.711 to 8 kHz
 mono. Each frame is down-mixed and run through this session's stateful
 resampler. With ``--input-opus-16k``, Opus decoded on the event loop
-(``decoder_hop``) arrives as 16 kHz mono already (``opus_wideband.DecodedAudio``)
+(``inline_decoding``) arrives as 16 kHz mono already (``opus_wideband.DecodedAudio``)
 and is handed on as it is.
 """
 

@@ -1,7 +1,7 @@
 """The aiortc and aioice versions whose private internals this package
 patches: the data channel's receive path (datachannel.py), the RTP
 receiver's packet handler (dtmf.py), its decoder hand-off
-(decoder_hop.py), its jitter buffer (arrival_order.py) and aioice's host
+(inline_decoding.py), its jitter buffer (arrival_order.py) and aioice's host
 address gathering (call.py). pyproject.toml pins exactly these versions;
 each patch also asks ``patchable()`` before it touches anything, so a
 different version installed by hand runs aiortc as it is (logged once, as

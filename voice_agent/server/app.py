@@ -21,7 +21,7 @@ from voice_agent.audio import echo as echo_cancellation
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.loop_health import LoopHealthMonitor
-from voice_agent.rtc import decoder_hop, opus_wideband
+from voice_agent.rtc import inline_decoding, opus_wideband
 from voice_agent.rtc.call import restrict_host_addresses
 from voice_agent.server.access import require_api_keys
 from voice_agent.server.admission import RETRY_AFTER_S, api_key_refusal
@@ -210,7 +210,7 @@ def build_app(
     has admitted every call it forwards."""
     app = new_app(settings)
     restrict_host_addresses(settings.ice_host_addresses)
-    decoder_hop.install()
+    inline_decoding.install()
     if settings.input_opus_16k:
         opus_wideband.available()  # finds and loads libopus now, not in a call's answer
     if settings.echo_cancel != "off":

@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from voice_agent import strict_json
-from voice_agent.backends.llm_http import HttpLlmConfig
+from voice_agent.backends.llm.http_client import HttpLlmConfig
 from voice_agent.server.errors import error_response
 from voice_agent.server.route_marks import checks_its_own_caller
 

@@ -4,7 +4,7 @@
 ``POST /v1/audio/speech`` (JSON request, raw PCM16 answer). With
 ``--workers N`` the parent process holds the models and serves them here on
 a private Unix socket; the media workers are ordinary remote clients
-(``backends/stt_openai.py``, ``backends/tts_openai.py``). So one model, and
+(``backends/stt/hosted.py``, ``backends/tts/hosted.py``). So one model, and
 its batching worker, serves every call of every worker, and a worker holds no
 model weights.
 

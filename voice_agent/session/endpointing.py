@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from voice_agent.backends.base import TurnBackend
-from voice_agent.backends.samples import Samples
+from voice_agent.backends.runtime.durations import Durations
 from voice_agent.session.input import SemanticTurn
 from voice_agent.session.metrics import Decision, Verdict, now
 from voice_agent.stages.turns import EndCandidate
@@ -79,7 +79,7 @@ class JudgeStats:
     answered, queue included; failed ones are left out)."""
 
     decisions: Counter[str] = field(default_factory=Counter)
-    inference: Samples = field(default_factory=Samples)
+    inference: Durations = field(default_factory=Durations)
 
     def snapshot(self) -> dict[str, object]:
         return {"decisions": dict(self.decisions), "inference": self.inference.summary_ms()}

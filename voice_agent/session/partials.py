@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from voice_agent.backends.capabilities import PartialTranscriber
-from voice_agent.backends.samples import Samples
+from voice_agent.backends.runtime.durations import Durations
 from voice_agent.session.events import SessionEvent, UserTranscriptDelta
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class PartialTranscripts:
         self._requested_at_ms = 0
         self._task: asyncio.Task[str | None] | None = None
         self._paused = False
-        self.latency = Samples()
+        self.latency = Durations()
 
     def on_audio(self, item_id: str, turn_ms: int, audio: Callable[[], np.ndarray]) -> None:
         """Called as turn audio arrives; ``audio`` gives the turn so far."""

@@ -37,7 +37,7 @@ from voice_agent.backends.base import (
     VadBackend,
 )
 from voice_agent.backends.capabilities import PartialTranscriber
-from voice_agent.backends.samples import Samples
+from voice_agent.backends.runtime.durations import Durations
 from voice_agent.session.barge_in import BargeIn
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.conversation_items import ConversationItems, ItemError
@@ -174,7 +174,7 @@ class VoiceSession(AudioIngest, EndOfTurn, Speculating, UserTurns, Replies, Conv
         self.tool_choice: ToolChoice = "auto"
         # Typed messages (and their item ids) that arrived while a reply was being given.
         self._held_texts: list[tuple[str, str | None]] = []
-        self.stt_latency = Samples()  # final transcripts: request to text
+        self.stt_latency = Durations()  # final transcripts: request to text
         self.speculations_shed = 0  # pauses not transcribed early: finals were waiting
         self._partials: PartialTranscripts | None = None
         if partials:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from voice_agent.backends.base import LlmBackend, ToolChoice, ToolSpec
-from voice_agent.backends.samples import Samples
+from voice_agent.backends.runtime.durations import Durations
 from voice_agent.session.barge_in import BargeIn
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.endpointing import EndOfTurnJudge
@@ -56,7 +56,7 @@ class SessionState:
     voice: str | None
     client_tools: list[ToolSpec]
     tool_choice: ToolChoice
-    stt_latency: Samples
+    stt_latency: Durations
     speculations_shed: int
     _emit: Callable[[SessionEvent], None]
     _speech: SpeechDetector

@@ -18,9 +18,9 @@ from typing import Any
 
 from aiohttp import web
 
-from voice_agent.backends.llm_http import HttpLlmConfig
-from voice_agent.backends.llm_openai import OpenAIChatLlm
-from voice_agent.backends.llm_responses import OpenAIResponsesLlm
+from voice_agent.backends.llm.chat_completions import OpenAIChatLlm
+from voice_agent.backends.llm.http_client import HttpLlmConfig
+from voice_agent.backends.llm.responses import OpenAIResponsesLlm
 from voice_agent.engine import Engine
 from voice_agent.testing.local_http import serve_on_loopback
 

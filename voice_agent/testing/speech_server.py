@@ -151,7 +151,7 @@ async def speech_server(
 
 def main() -> None:
     """Serve the packaged Piper voice (``joe``) until killed."""
-    from voice_agent.backends.tts_piper import PiperTts, voice_paths
+    from voice_agent.backends.tts.piper_tts import PiperTts, voice_paths
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)

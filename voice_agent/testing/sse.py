@@ -2,7 +2,7 @@
 
 A test that holds a streamed body as text (it also checks the text
 itself) reads its events here, through
-``voice_agent.backends.llm_http.sse_events``, the parser the LLM client
+``voice_agent.backends.llm.http_client.sse_events``, the parser the LLM client
 runs: the events are the ones the service would see, with no second,
 hand-written parser to drift from it. Code that holds the response itself
 calls ``sse_events`` directly."""
@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import aiohttp
 
-from voice_agent.backends.llm_http import sse_events
+from voice_agent.backends.llm.http_client import sse_events
 
 
 class _Body:

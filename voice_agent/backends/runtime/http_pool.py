@@ -10,7 +10,7 @@ import contextlib
 
 import aiohttp
 
-from voice_agent.backends.samples import Samples
+from voice_agent.backends.runtime.durations import Durations
 
 
 class PooledHttpClient:
@@ -20,7 +20,7 @@ class PooledHttpClient:
         self.url = url
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._unix_socket = unix_socket
-        self._latency = Samples()
+        self._latency = Durations()
         self._errors = 0
         self._http: aiohttp.ClientSession | None = None
         self._closed = False

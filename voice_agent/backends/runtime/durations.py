@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 
-class Samples:
+class Durations:
     """Count, total, max and recent values (for percentiles) of one quantity."""
 
     def __init__(self, keep: int = 1000) -> None:

@@ -30,9 +30,9 @@ from piper.config import PiperConfig
 
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends.base import PriorityInferenceWorker
-from voice_agent.backends.onnx_options import quiet_session_options
-from voice_agent.backends.piper_halves import VoiceHalves, split_voice, windows
 from voice_agent.backends.registry import BackendUnavailable
+from voice_agent.backends.runtime.onnx_options import quiet_session_options
+from voice_agent.backends.tts.piper_split import VoiceHalves, split_voice, windows
 from voice_agent.config import Settings
 from voice_agent.cpu import default_parallel
 

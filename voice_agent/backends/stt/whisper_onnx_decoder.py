@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from voice_agent.backends.ct2_model_file import read_variables
-from voice_agent.backends.onnx_options import quiet_session_options
-from voice_agent.backends.whisper_onnx_graphs import decoder_graphs, layer_count
+from voice_agent.backends.runtime.onnx_options import quiet_session_options
+from voice_agent.backends.stt.ct2_model_file import read_variables
+from voice_agent.backends.stt.whisper_onnx_graphs import decoder_graphs, layer_count
 
 log = logging.getLogger(__name__)
 

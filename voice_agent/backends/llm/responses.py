@@ -13,7 +13,12 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from voice_agent.backends.base import ChatMessage, LlmError, ToolCall, ToolChoice, ToolSpec
-from voice_agent.backends.llm_http import REPORTED_ERROR, HttpLlmClient, HttpLlmConfig, Output
+from voice_agent.backends.llm.http_client import (
+    REPORTED_ERROR,
+    HttpLlmClient,
+    HttpLlmConfig,
+    Output,
+)
 
 
 class ResponsesStreamParser:

@@ -25,8 +25,8 @@ import aiohttp
 import numpy as np
 
 from voice_agent.backends.base import BackendError
-from voice_agent.backends.http_pool import PooledHttpClient
 from voice_agent.backends.registry import BackendUnavailable
+from voice_agent.backends.runtime.http_pool import PooledHttpClient
 from voice_agent.config import Settings
 
 OPENAI_PCM_RATE = 24_000

@@ -23,8 +23,8 @@ import numpy as np
 
 from voice_agent.backends.base import BackendError
 from voice_agent.backends.capabilities import Transcription
-from voice_agent.backends.http_pool import PooledHttpClient
 from voice_agent.backends.registry import BackendUnavailable
+from voice_agent.backends.runtime.http_pool import PooledHttpClient
 from voice_agent.config import Settings
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from voice_agent.backends.whisper_weights import cache_root
+from voice_agent.backends.stt.whisper_weights import cache_root
 
 log = logging.getLogger(__name__)
 

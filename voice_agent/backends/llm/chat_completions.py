@@ -15,7 +15,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 from voice_agent.backends.base import ChatMessage, LlmError, ToolCall, ToolChoice, ToolSpec
-from voice_agent.backends.llm_http import REPORTED_ERROR, HttpLlmClient, HttpLlmConfig, Output
+from voice_agent.backends.llm.http_client import (
+    REPORTED_ERROR,
+    HttpLlmClient,
+    HttpLlmConfig,
+    Output,
+)
 
 
 @dataclass

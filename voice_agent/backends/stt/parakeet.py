@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from voice_agent.audio.pcm import int16_to_float
-from voice_agent.backends.batching import BatchingWorker
 from voice_agent.backends.capabilities import Transcription
 from voice_agent.backends.registry import BackendUnavailable
+from voice_agent.backends.runtime.batching import BatchingWorker
 from voice_agent.config import Settings
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from voice_agent.backends.packaged import package_dir
+from voice_agent.backends.runtime.packaged import package_dir
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 from voice_agent.backends.base import InferenceWorker
-from voice_agent.backends.samples import Samples
+from voice_agent.backends.runtime.durations import Durations
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,8 @@ class BatchStats:
     """What the worker has done since it started."""
 
     batch_sizes: dict[int, int] = field(default_factory=dict)  # size -> batches
-    queue_wait: Samples = field(default_factory=Samples)
-    inference: Samples = field(default_factory=Samples)
+    queue_wait: Durations = field(default_factory=Durations)
+    inference: Durations = field(default_factory=Durations)
     requests: dict[str, int] = field(
         default_factory=lambda: {"final": 0, "partial": 0, "partial_skipped": 0, "cancelled": 0}
     )

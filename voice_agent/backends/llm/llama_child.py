@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from voice_agent.backends import OMP_DEFAULT_MARK, OPERATOR_OMP_WAIT_POLICY
-from voice_agent.backends.packaged import package_dir
+from voice_agent.backends.runtime.packaged import package_dir
 
 # The name the child serves its model under (requests ask for it).
 MODEL_ALIAS = "smollm2-135m-instruct"

@@ -26,9 +26,9 @@ import numpy as np
 import onnxruntime
 from faster_whisper.feature_extractor import FeatureExtractor
 
-from voice_agent.backends.batching import BatchingWorker
-from voice_agent.backends.onnx_options import quiet_session_options
 from voice_agent.backends.registry import BackendUnavailable
+from voice_agent.backends.runtime.batching import BatchingWorker
+from voice_agent.backends.runtime.onnx_options import quiet_session_options
 from voice_agent.config import Settings
 
 log = logging.getLogger(__name__)

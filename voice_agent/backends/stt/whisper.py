@@ -33,14 +33,14 @@ from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 
 from voice_agent.audio.pcm import int16_to_float
-from voice_agent.backends import whisper_weights
-from voice_agent.backends.batching import BatchingWorker
 from voice_agent.backends.capabilities import (
     LOGPROB_THRESHOLD,
     NO_SPEECH_THRESHOLD,
     Transcription,
 )
-from voice_agent.backends.whisper_onnx_decoder import Decoded, OnnxWhisperDecoder, TokenIds
+from voice_agent.backends.runtime.batching import BatchingWorker
+from voice_agent.backends.stt import whisper_weights
+from voice_agent.backends.stt.whisper_onnx_decoder import Decoded, OnnxWhisperDecoder, TokenIds
 from voice_agent.config import Settings
 from voice_agent.cpu import call_at_idle_priority, default_parallel
 

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from voice_agent.backends.whisper_weights import cache_root
+from voice_agent.backends.stt.whisper_weights import cache_root
 
 if TYPE_CHECKING:
     import gguf

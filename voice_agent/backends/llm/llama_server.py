@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from voice_agent.backends.llama_child import (
+from voice_agent.backends.llm.llama_child import (
     MODEL_ALIAS,
     LlamaCommandLine,
     LlamaServerError,
@@ -37,7 +37,7 @@ from voice_agent.backends.llama_child import (
     free_port,
     signal_group,
 )
-from voice_agent.backends.llama_exits import ChildExit, what_to_try
+from voice_agent.backends.llm.llama_exits import ChildExit, what_to_try
 
 # Re-exported: the service and its tests import them from here.
 __all__ = [

@@ -1,0 +1,1 @@
+"""LLM clients and the embedded llama-server they can talk to."""

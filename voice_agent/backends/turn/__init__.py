@@ -1,0 +1,1 @@
+"""End-of-turn detectors: has the caller finished?"""

@@ -1,0 +1,1 @@
+"""Voice activity detectors: is this 20 ms frame speech?"""
