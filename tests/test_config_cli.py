@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -58,6 +59,16 @@ def test_every_setting_is_a_documented_flag() -> None:
     for name, field in Settings.model_fields.items():
         assert "--" + name.replace("_", "-") in help_text
         assert field.description, name
+
+
+def test_help_states_each_default_once() -> None:
+    help_text = " ".join(subprocess_help().split())
+    assert not re.search(r"\((default|here): [^)]*\) \((default|here):", help_text)
+    assert "(default: 8080)" in help_text
+    # --workers' description says how its default is chosen; the value follows.
+    options = help_text.split("options:", 1)[1]
+    workers = options.split("--workers WORKERS", 1)[1].split("--drain-timeout-s", 1)[0]
+    assert workers.count("default") == 1 and "(here: " in workers
 
 
 def test_invalid_settings_are_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:

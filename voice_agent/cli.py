@@ -51,7 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the voice agent. Every option can also be set as an environment "
         "variable VOICE_AGENT_<NAME> or in a TOML/JSON file given with --config; flags win "
         "over the environment, which wins over the file.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_settings_arguments(serve)
     check = commands.add_parser(
@@ -71,6 +70,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         kind, choices = _flag_type(field.annotation)
         default = field.get_default(call_default_factory=True)
+        # A description that already says how its default is chosen (from the
+        # cores, say) gets the value this machine would use.
+        label = "here" if "default" in (field.description or "") else "default"
         help_text = field.description or ""
         if kind is bool:
             parser.add_argument(
@@ -78,7 +80,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
                 dest=name,
                 action=argparse.BooleanOptionalAction,
                 default=None,
-                help=f"{help_text} (default: {default})",
+                help=f"{help_text} ({label}: {default})",
             )
             continue
         parser.add_argument(
@@ -88,7 +90,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
             choices=choices,
             default=None,
             metavar=name.upper(),
-            help=f"{help_text} (default: {_show(default)})",
+            help=f"{help_text} ({label}: {_show(default)})",
         )
 
 
