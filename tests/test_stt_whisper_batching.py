@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voice_agent.backends.stt.whisper import FasterWhisperStt, without_restart
+from voice_agent.backends.stt.whisper import FasterWhisperStt
+from voice_agent.backends.stt.whisper_batch import without_restart
 from voice_agent.testing.audio_data import librivox, reference, word_error_rate
 
 CLIPS = ["0930", "0880", "0890", "0920"]

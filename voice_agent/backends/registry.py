@@ -61,8 +61,11 @@ def spec(kind: Kind, name: str) -> BackendSpec:
 
 def create(kind: Kind, name: str, settings: Settings | Any) -> Any:
     """The backend, made from its options: the settings for a VAD, turn,
-    STT or TTS backend; for an LLM client, its endpoint (``HttpLlmConfig``:
-    the engine knows it only once an embedded server is up)."""
+    STT or TTS backend, whose factory is typed with the one section it reads
+    (``ListeningSettings`` for VAD and turn, ``SttSettings`` for STT,
+    ``TtsSettings`` for TTS; coqui's ``CoquiOptions`` adds the spoken
+    language); for an LLM client, its endpoint (``HttpLlmConfig``: the
+    engine knows it only once an embedded server is up)."""
     chosen = spec(kind, name)
     missing = chosen.missing_modules()
     if missing:

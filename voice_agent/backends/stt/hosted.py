@@ -25,7 +25,7 @@ from voice_agent.backends.base import BackendError
 from voice_agent.backends.capabilities import Transcription
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.backends.runtime.http_pool import PooledHttpClient
-from voice_agent.config import Settings
+from voice_agent.config.stt import SttSettings
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def create(settings: Settings) -> OpenAIStt:
+def create(settings: SttSettings) -> OpenAIStt:
     if not settings.stt_base_url:
         raise BackendUnavailable(
             "--stt openai needs --stt-base-url (e.g. http://gpu-host:8000/v1 for vLLM, "

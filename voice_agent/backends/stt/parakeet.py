@@ -23,7 +23,7 @@ from voice_agent.audio.pcm import int16_to_float
 from voice_agent.backends.capabilities import Transcription
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.backends.runtime.batching import BatchingWorker
-from voice_agent.config import Settings
+from voice_agent.config.stt import SttSettings
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class ParakeetStt:
         self._worker.close()
 
 
-def create(settings: Settings) -> ParakeetStt:
+def create(settings: SttSettings) -> ParakeetStt:
     model = settings.stt_model
     if "stt_model" not in settings.model_fields_set:
         model = DEFAULT_MODEL  # the default 'base' names a Whisper model

@@ -27,7 +27,7 @@ import numpy as np
 from voice_agent.backends.base import BackendError
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.backends.runtime.http_pool import PooledHttpClient
-from voice_agent.config import Settings
+from voice_agent.config.tts import TtsSettings
 
 OPENAI_PCM_RATE = 24_000
 DEFAULT_MODEL = "tts-1"
@@ -142,7 +142,7 @@ class OpenAITts(PooledHttpClient):
             raise
 
 
-def remote_voices(settings: Settings) -> list[str]:
+def remote_voices(settings: TtsSettings) -> list[str]:
     """The voice names to offer, the default first: ``--tts-remote-voices``,
     led by ``--tts-remote-voice`` when that is given too."""
     voices = [v for v in settings.tts_remote_voices if v]
@@ -150,7 +150,7 @@ def remote_voices(settings: Settings) -> list[str]:
     return [default, *(v for v in voices if v != default)]
 
 
-def create(settings: Settings) -> OpenAITts:
+def create(settings: TtsSettings) -> OpenAITts:
     if not settings.tts_base_url:
         raise BackendUnavailable(
             "--tts openai needs --tts-base-url (e.g. https://api.openai.com/v1, or a "

@@ -33,7 +33,7 @@ from voice_agent.backends.base import PriorityInferenceWorker
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.backends.runtime.onnx_options import quiet_session_options
 from voice_agent.backends.tts.piper_split import VoiceHalves, split_voice, windows
-from voice_agent.config import Settings
+from voice_agent.config.tts import TtsSettings
 from voice_agent.cpu import default_parallel
 
 log = logging.getLogger(__name__)
@@ -307,7 +307,7 @@ class PiperTts:
         self._worker.close()
 
 
-def create(settings: Settings) -> PiperTts:
+def create(settings: TtsSettings) -> PiperTts:
     parallel = settings.tts_parallel or default_parallel(settings.tts_threads)
     return PiperTts(
         voice_paths(settings.tts_voice),

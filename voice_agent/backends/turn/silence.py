@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from voice_agent.config import Settings
+from voice_agent.config.listening import ListeningSettings
 
 
 class SilenceTurn:
@@ -19,5 +19,5 @@ class SilenceTurn:
         pass
 
 
-def create(settings: Settings) -> SilenceTurn:
+def create(settings: ListeningSettings) -> SilenceTurn:
     return SilenceTurn()

@@ -29,7 +29,7 @@ from faster_whisper.feature_extractor import FeatureExtractor
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.backends.runtime.batching import BatchingWorker
 from voice_agent.backends.runtime.onnx_options import quiet_session_options
-from voice_agent.config import Settings
+from voice_agent.config.listening import ListeningSettings
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class SmartTurn:
         self._worker.close()
 
 
-def create(settings: Settings) -> SmartTurn:
+def create(settings: ListeningSettings) -> SmartTurn:
     if settings.turn_model:
         path = Path(settings.turn_model).expanduser()
         if not path.is_file():

