@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import ServerFactory
 from voice_agent.client import RealtimeClient
+from voice_agent.rtc.dtmf import KeyPresses
 from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
 
 pytestmark = pytest.mark.e2e
@@ -112,3 +113,113 @@ async def test_an_offer_with_no_audio_codec_but_telephone_event_is_refused(
         await client.connect(http)
     await client.hangup()
     assert len(server.calls) == 0
+
+
+async def test_key_presses_from_a_gateways_sip_info_are_heard_once_each(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    """A SIP gateway posts the keys a phone sent as SIP INFO; a phone that
+    sends a press both ways (INFO and RFC 4733) is heard once per press."""
+    server = await server_factory()
+    client = RealtimeClient(server.url, codec="audio/PCMU")
+    await client.connect(http)
+    await asyncio.wait_for(client.wait_for_type("session.created"), 5)
+    dtmf_url = f"{server.url}{client.location}/dtmf"
+
+    async with http.post(dtmf_url, json={"digits": "12"}) as answer:
+        assert answer.status == 200, await answer.text()
+        assert await answer.json() == {"digits": "12"}
+    # The same key pressed twice, each press sent both ways.
+    for _ in range(2):
+        await client.send_dtmf("5")
+        await asyncio.wait_for(client.wait_for(lambda e: e.get("event") == "5"), 5)
+        async with http.post(dtmf_url, json={"digits": "5"}) as answer:
+            assert await answer.json() == {"digits": ""}  # the audio's report came first
+    async with http.post(dtmf_url, json={"digits": "#"}) as answer:
+        assert await answer.json() == {"digits": "#"}
+    await asyncio.wait_for(client.wait_for(lambda e: e.get("event") == "#"), 5)
+    digits = client.of_type("input_audio_buffer.dtmf_event_received")
+    assert [d["event"] for d in digits] == ["1", "2", "5", "5", "#"]
+
+    for body in ({"digits": ""}, {"digits": "12x"}, {"digits": 5}, ["1"], {"digits": "1" * 33}):
+        async with http.post(dtmf_url, json=body) as refused:
+            assert refused.status == 400
+            assert (await refused.json())["error"]["code"] == "invalid_digits"
+    async with http.post(dtmf_url, data=b"not json") as refused:
+        assert refused.status == 400
+    async with http.post(
+        f"{server.url}/v1/realtime/calls/rtc_unknown/dtmf", json={"digits": "1"}
+    ) as gone:
+        assert gone.status == 404
+    assert len(client.of_type("input_audio_buffer.dtmf_event_received")) == 5
+    await client.hangup(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+
+
+def test_a_press_reported_both_ways_counts_once_and_repeats_still_count() -> None:
+    now = [0.0]
+    presses = KeyPresses(clock=lambda: now[0])
+    assert presses.accept("5", "rtp")
+    assert not presses.accept("5", "sip-info")  # the same press, the other way
+    now[0] += 0.2
+    assert presses.accept("5", "rtp")  # "55": a second press
+    assert presses.accept("5", "rtp")  # sent one way only: never merged
+    assert not presses.accept("5", "sip-info")  # matches one of them
+    assert not presses.accept("5", "sip-info")  # and the other
+    assert presses.accept("5", "sip-info")  # nothing left to match
+    now[0] += 1.5  # an unmatched report is forgotten after a second
+    assert presses.accept("5", "rtp")
+    assert presses.accept("7", "sip-info")  # another key never matches
+
+
+async def test_a_call_on_hold_neither_speaks_nor_listens_and_resumes_as_it_was(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    """What a SIP gateway reports of a re-INVITE with a=inactive: the reply
+    stops, a phone that sends nothing is not a lost peer, and off hold the
+    same conversation goes on."""
+    server = await server_factory(disconnect_grace_s=1.0)
+    client = RealtimeClient(server.url, codec="audio/PCMU")
+    await client.connect(http)
+    await asyncio.wait_for(client.wait_for_type("session.created"), 5)
+    hold_url = f"{server.url}{client.location}/hold"
+
+    # A long reply is being spoken when the caller puts the agent on hold.
+    started = client.wait_for_type("output_audio_buffer.started")
+    done = client.wait_for_type("response.done")
+    client.send(
+        {
+            "type": "response.create",
+            "response": {"instructions": "Count slowly from one to fifty, in words."},
+        }
+    )
+    await asyncio.wait_for(started, 30)
+    async with http.post(hold_url, json={"held": True}) as held:
+        assert held.status == 200 and (await held.json())["held"] is True
+    response = (await asyncio.wait_for(done, 5))["response"]
+    assert response["status"] == "cancelled"  # as an interruption: what was heard is kept
+
+    # The phone sends nothing for three grace periods: the call lives on.
+    client.mic.stop_sending()
+    await asyncio.sleep(3.0)  # the silence under test, not a wait for a state
+    client.mic.resume_sending()
+    async with http.get(f"{server.url}{client.location}") as live:
+        assert live.status == 200
+    # Music on hold (here speech) is not a turn.
+    await client.mic.play(np.concatenate((librivox("0930"), silence(1.0))), 16000)
+    assert client.of_type("input_audio_buffer.speech_started") == []
+
+    async with http.post(hold_url, json={"held": False}) as resumed:
+        assert (await resumed.json())["held"] is False
+    done = client.wait_for_type("response.done", after=len(client.events))
+    await client.mic.play(np.concatenate((librivox("0930"), silence(0.3))), 16000)
+    answer = (await asyncio.wait_for(done, 30))["response"]
+    assert answer["status"] == "completed"
+    assert len(client.of_type("input_audio_buffer.speech_started")) == 1
+
+    for body in ({"held": "yes"}, {}, [True]):
+        async with http.post(hold_url, json=body) as refused:
+            assert refused.status == 400
+    assert server.calls.ended == {} or "peer_lost" not in server.calls.ended
+    await client.hangup(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)

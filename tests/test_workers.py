@@ -115,6 +115,16 @@ async def test_three_callers_over_two_workers_are_all_answered_and_routed_to_the
         await extra.connect(http)
     await extra.hangup()
 
+    # A key press a SIP gateway reports reaches the call's own worker.
+    for client in clients:
+        async with http.post(server.url + location(client) + "/dtmf", json={"digits": "7"}) as key:
+            assert key.status == 200 and await key.json() == {"digits": "7"}
+        await asyncio.wait_for(client.wait_for(lambda e: e.get("event") == "7"), 5)
+    async with http.post(
+        server.url + CALLS + "/rtc_w7_nosuchworker/dtmf", json={"digits": "7"}
+    ) as key:
+        assert key.status == 404
+
     # A DELETE reaches the worker that owns the call, wherever it is.
     for client in clients:
         async with http.delete(server.url + location(client)) as deleted:

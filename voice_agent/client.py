@@ -103,6 +103,23 @@ class PcmSource(MediaStreamTrack):
         self._done_waiters: list[tuple[int, asyncio.Future[float]]] = []
         self._queued_frames = 0
         self.encoder: FrameEncoder = encoder_for(codec)
+        self._sending = asyncio.Event()
+        self._sending.set()
+        self._stopped_at: float | None = None
+
+    def stop_sending(self) -> None:
+        """Send no packets at all until ``resume_sending`` (a phone that puts
+        the call on hold with ``a=inactive``); queued audio waits."""
+        if self._sending.is_set():
+            self._sending.clear()
+            self._stopped_at = time.monotonic()
+
+    def resume_sending(self) -> None:
+        if self._stopped_at is not None and self._start is not None:
+            # The pacing clock skips the pause: no burst of overdue frames.
+            self._start += time.monotonic() - self._stopped_at
+        self._stopped_at = None
+        self._sending.set()
 
     def play(self, samples: np.ndarray, rate: int) -> asyncio.Future[float]:
         """Queue mono int16 audio; the future resolves with the monotonic time
@@ -130,6 +147,7 @@ class PcmSource(MediaStreamTrack):
     async def recv(self) -> av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
+        await self._sending.wait()
         now = time.monotonic()
         if self._start is None:
             self._start = now

@@ -108,6 +108,8 @@ class Call(CallCore):
         self.pc.on("connectionstatechange", self._on_connection_state)
         self.codec = "audio/opus"  # until the answer says otherwise
         self.echo: EchoCanceller | None = None
+        self._key_presses = dtmf.KeyPresses()
+        self.held = False
 
     # -- negotiation ------------------------------------------------------
     async def answer(self, offer_sdp: str) -> str:
@@ -164,6 +166,8 @@ class Call(CallCore):
             return None
 
     def _hear(self, samples: np.ndarray, position: int) -> None:
+        if self.held:
+            return  # music on hold, or whatever the phone sends meanwhile
         echo = self.echo
         if echo is not None:
             try:
@@ -194,7 +198,7 @@ class Call(CallCore):
         # than the grace period is gone.
         max_gap_s = max(self.settings.disconnect_grace_s, MIN_INBOUND_GAP_S)
         try:
-            await pump_inbound_audio(track, self._hear, max_gap_s)
+            await pump_inbound_audio(track, self._hear, max_gap_s, lambda: self.held)
         except InboundAudioStopped as exc:
             log.warning("peer lost", extra={"call_id": self.id, "error": str(exc)})
             self.close_soon("peer_lost")
@@ -236,8 +240,34 @@ class Call(CallCore):
             return  # the connection recovered within the grace period
         self.close_soon(reason)
 
+    def hold(self, held: bool) -> bool:
+        """The caller put the agent on hold (a SIP re-INVITE with
+        ``a=sendonly`` or ``a=inactive``), or took it off; False when it
+        already was so. On hold the agent stops speaking (the reply is
+        cancelled as an interruption is: the history keeps what was heard),
+        hears nothing (music on hold is no turn), and a phone that sends no
+        audio at all is not taken for a lost peer. Off hold it listens again,
+        the conversation as it was."""
+        if held == self.held:
+            return False
+        self.held = held
+        if held:
+            self.session.cancel_response("on_hold")
+            self.session.clear_input()  # a turn cut by the hold is no turn
+        log.info("call held" if held else "call resumed", extra={"call_id": self.id})
+        return True
+
     def _on_digit(self, digit: str) -> None:
-        log.info("dtmf digit", extra={"call_id": self.id, "digit": digit})
+        self.press_key(digit, "rtp")
+
+    def press_key(self, digit: str, way: str) -> bool:
+        """A key the caller pressed, from the audio (``rtp``) or reported by
+        a SIP gateway (``sip-info``); False when it was the other way's
+        report of a press already heard."""
+        if not self._key_presses.accept(digit, way):
+            log.info("dtmf digit heard both ways", extra={"call_id": self.id, "digit": digit})
+            return False
+        log.info("dtmf digit", extra={"call_id": self.id, "digit": digit, "way": way})
         # Named as the Realtime API's SIP calls name it.
         self.protocol.send(
             {
@@ -250,6 +280,7 @@ class Call(CallCore):
             # The server-side hook ("press 0 for a human"): the call ends
             # here, and a SIP gateway turns the end into a BYE (or a transfer).
             self.close_soon("dtmf_hangup")
+        return True
 
     # -- events to the client -------------------------------------------------
     def _send_event(self, event: dict[str, Any]) -> None:

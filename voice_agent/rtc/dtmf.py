@@ -15,6 +15,8 @@ on the first packet with a new timestamp.
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +34,9 @@ PAYLOAD_TYPE = 101
 EVENTS = "0123456789*#ABCD"  # RFC 4733 section 3.2: events 0-15
 
 DigitListener = Callable[[str], None]
+# A key press's two reports (an RTP event and a SIP INFO) arrive within this
+# of each other; two presses of one key are at least ~100 ms apart each way.
+SAME_PRESS_S = 1.0
 # The receiver's own attribute, not a table keyed by receiver: the listener
 # (a call's method) holds the call, which holds the receiver; in a weak-keyed
 # table that would keep every call alive forever.
@@ -55,6 +60,31 @@ class _Digits:
             return  # the same press, still held or ending
         self._last_timestamp = packet.timestamp
         self._listener(EVENTS[payload[0]])
+
+
+class KeyPresses:
+    """Each key press once, from whichever way it came. A phone or PBX may
+    send a press both as an RFC 4733 event in the audio and as a SIP INFO;
+    a press from one way is matched (and dropped) by the same key from the
+    other way within ``SAME_PRESS_S``, each report matching at most one, so
+    "55" sent both ways is still two presses, and presses sent only one way
+    are never merged."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._unmatched: deque[tuple[str, str, float]] = deque()  # key, way, when
+
+    def accept(self, key: str, way: str) -> bool:
+        """Whether ``key`` from ``way`` ("rtp", "sip-info") is a new press."""
+        now = self._clock()
+        while self._unmatched and now - self._unmatched[0][2] > SAME_PRESS_S:
+            self._unmatched.popleft()
+        for index, (seen, seen_way, _) in enumerate(self._unmatched):
+            if seen == key and seen_way != way:
+                del self._unmatched[index]
+                return False
+        self._unmatched.append((key, way, now))
+        return True
 
 
 def listen(receiver: RTCRtpReceiver, listener: DigitListener) -> None:

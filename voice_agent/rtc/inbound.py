@@ -58,6 +58,7 @@ async def pump_inbound_audio(
     track: MediaStreamTrack,
     sink: Callable[[np.ndarray, int], None],
     max_gap_s: float | None = None,
+    gap_allowed: Callable[[], bool] = lambda: False,
 ) -> None:
     """Until the track ends: decode, down-mix, resample, hand to ``sink``
     with the audio's stream position (its RTP timestamp, in 16 kHz samples).
@@ -65,7 +66,9 @@ async def pump_inbound_audio(
     A peer that vanishes (its process killed, its network gone) sends no
     goodbye, and ICE consent only notices after about 30 s; but a live peer
     sends a packet every 20 ms, silence included. So once audio has flowed,
-    ``max_gap_s`` without a frame raises InboundAudioStopped."""
+    ``max_gap_s`` without a frame raises InboundAudioStopped, unless
+    ``gap_allowed()`` says the silence is expected (a call on hold, whose
+    phone may send nothing)."""
     resampler: StreamResampler | None = None
     flowing = False
     counted = 0
@@ -79,6 +82,8 @@ async def pump_inbound_audio(
         except MediaStreamError:
             return
         except TimeoutError:
+            if gap_allowed():
+                continue  # recv is cancel-safe: no frame was taken
             raise InboundAudioStopped(f"no audio from the peer for {max_gap_s:g} s") from None
         flowing = True
         if isinstance(frame, DecodedAudio):  # decoded to mono, maybe at 16 kHz already

@@ -1,7 +1,7 @@
 """The endpoints of calls, written once over where calls live
 (``server/place.py``): ``POST /v1/realtime/calls`` (an offer; also a WHIP
-endpoint: same shape, RFC 9725), a call's ``GET`` and ``DELETE`` (its
-maker's only), the WebSocket session, readiness, stats and metrics."""
+endpoint: same shape, RFC 9725), a call's ``GET``, ``DELETE``, keys
+pressed and hold (its maker's only), the WebSocket session, readiness, stats and metrics."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
+from voice_agent.rtc.dtmf import EVENTS as KEYS
 from voice_agent.server.access import manager_refusal
 from voice_agent.server.admission import admitted
 from voice_agent.server.app_keys import PLACE, SETTINGS
@@ -23,6 +24,7 @@ from voice_agent.server.status_routes import add_status_routes
 from voice_agent.server.websocket import add_websocket_route
 
 CALLS_PATH = "/v1/realtime/calls"
+MAX_DIGITS = 32  # one request's keys: a gateway sends each INFO's key at once
 
 
 @checks_its_own_caller
@@ -63,6 +65,49 @@ async def get_call(request: web.Request) -> web.StreamResponse:
     return answer if answer is not None else _no_such_call()
 
 
+@checks_its_own_caller
+async def press_digits(request: web.Request) -> web.StreamResponse:
+    """Keys pressed on a phone call that a SIP gateway received as SIP INFO
+    (``{"digits": "12#"}``): they reach the session as RFC 4733 key presses
+    do, and a press the phone also sent in the audio is heard once. Answers
+    which keys were new."""
+    call_id = request.match_info["call_id"]
+    if (refused := manager_refusal(request, call_id)) is not None:
+        return refused
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    digits = body.get("digits") if isinstance(body, dict) else None
+    if not isinstance(digits, str) or not 0 < len(digits) <= MAX_DIGITS or set(digits) - set(KEYS):
+        return error_response(
+            400,
+            "invalid_digits",
+            f'the body must be {{"digits": ...}}: 1 to {MAX_DIGITS} of {KEYS}',
+        )
+    answer = await request.app[PLACE].press_digits(call_id, digits)
+    return answer if answer is not None else _no_such_call()
+
+
+@checks_its_own_caller
+async def hold_call(request: web.Request) -> web.StreamResponse:
+    """A phone call put on hold (``{"held": true}``) or taken off it, as a
+    SIP gateway learns from a re-INVITE: on hold the agent neither speaks
+    nor listens, and the call outlives a phone that sends no audio."""
+    call_id = request.match_info["call_id"]
+    if (refused := manager_refusal(request, call_id)) is not None:
+        return refused
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    held = body.get("held") if isinstance(body, dict) else None
+    if not isinstance(held, bool):
+        return error_response(400, "invalid_hold", 'the body must be {"held": true or false}')
+    answer = await request.app[PLACE].hold_call(call_id, held)
+    return answer if answer is not None else _no_such_call()
+
+
 def _no_such_call() -> web.Response:
     return error_response(404, "call_not_found", "no such call")
 
@@ -75,5 +120,7 @@ def add_call_routes(app: web.Application, place: CallPlace, trust_front: bool = 
     for prefix in {"", path_prefix(app[SETTINGS].public_url)}:
         app.router.add_delete(prefix + CALLS_PATH + "/{call_id}", delete_call)
     app.router.add_get(CALLS_PATH + "/{call_id}", get_call)
+    app.router.add_post(CALLS_PATH + "/{call_id}/dtmf", press_digits)
+    app.router.add_post(CALLS_PATH + "/{call_id}/hold", hold_call)
     add_websocket_route(app, trust_front)
     add_status_routes(app)

@@ -108,6 +108,16 @@ class CallPlace(ABC):
     async def end_call(self, call_id: str) -> web.StreamResponse | None:
         """Hang a call up; None when there is no such call."""
 
+    @abstractmethod
+    async def hold_call(self, call_id: str, held: bool) -> web.StreamResponse | None:
+        """Put a phone call on hold or take it off, as a SIP gateway reports
+        a re-INVITE; None when there is no such call."""
+
+    @abstractmethod
+    async def press_digits(self, call_id: str, digits: str) -> web.StreamResponse | None:
+        """Keys pressed on a phone call, as a SIP gateway reports them (SIP
+        INFO); None when there is no such call."""
+
     # -- stats and metrics --------------------------------------------------------
     @abstractmethod
     async def live_stats(self) -> LiveStats:

@@ -200,6 +200,24 @@ class InProcess(CallPlace):
         await call.close("hangup")
         return web.Response(status=204)
 
+    async def hold_call(self, call_id: str, held: bool) -> web.StreamResponse | None:
+        call = self.registry.get(call_id)
+        if call is None:
+            return None
+        if not isinstance(call, Call):
+            return error_response(409, "not_a_phone_call", "only WebRTC calls are put on hold")
+        call.hold(held)
+        return web.json_response({"id": call.id, "held": call.held})
+
+    async def press_digits(self, call_id: str, digits: str) -> web.StreamResponse | None:
+        call = self.registry.get(call_id)
+        if call is None:
+            return None
+        if not isinstance(call, Call):
+            return error_response(409, "not_a_phone_call", "keys are pressed on WebRTC calls only")
+        heard = [digit for digit in digits if call.press_key(digit, "sip-info")]
+        return web.json_response({"digits": "".join(heard)})
+
     # -- stats and metrics --------------------------------------------------------
     async def live_stats(self) -> LiveStats:
         calls = self.registry

@@ -214,6 +214,31 @@ class InWorkers(CallPlace):
         except aiohttp.ClientError:
             return error_response(404, "call_not_found", "no such call (its worker is gone)")
 
+    async def hold_call(self, call_id: str, held: bool) -> web.StreamResponse | None:
+        return await self._post_to_owner(call_id, "hold", {"held": held})
+
+    async def press_digits(self, call_id: str, digits: str) -> web.StreamResponse | None:
+        return await self._post_to_owner(call_id, "dtmf", {"digits": digits})
+
+    async def _post_to_owner(
+        self, call_id: str, action: str, body: dict[str, Any]
+    ) -> web.StreamResponse | None:
+        """A call's action, posted to the worker that owns the call."""
+        worker = self.pool.owner(call_id)
+        if worker is None or worker.http is None:
+            return None
+        try:
+            async with worker.http.post(
+                f"{worker.base_url}{CALLS_PATH}/{call_id}/{action}",
+                json=body,
+                timeout=WORKER_REQUEST_TIMEOUT,
+            ) as answer:
+                return await _relay(answer)
+        except TimeoutError:
+            return _unavailable(f"media worker {worker.index} did not answer in time")
+        except aiohttp.ClientError:
+            return error_response(404, "call_not_found", "no such call (its worker is gone)")
+
     # -- stats and metrics --------------------------------------------------------
     async def live_stats(self) -> LiveStats:
         """The workers' counters summed, with each worker's own line."""
