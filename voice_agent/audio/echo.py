@@ -33,6 +33,7 @@ import numpy as np
 
 from voice_agent.audio.echo_presence import EchoPresence
 from voice_agent.audio.resample import StreamResampler
+from voice_agent.audio.residual_echo import ResidualEcho
 from voice_agent.audio.timeline import AudioTimeline
 
 RATE = 16_000
@@ -55,7 +56,8 @@ PLAYOUT_JITTER_MARGIN_S = 0.06
 PLAYING_RMS = 30.0
 # Allowed after the echo's delay, in 10 ms chunks, before nothing is left of
 # it: 200 ms, for the room's reverberation and for a delay that has grown
-# since it was found (the phone's jitter buffer), which is not tracked.
+# since it was last found (the delay is followed, audio/echo_presence.py,
+# but a step is confirmed only after a few hundred ms of speech).
 ECHO_TAIL_CHUNKS = 20
 
 INSTALL_HINT = "echo cancellation needs the livekit package: pip install 'livekit==1.2.1'"
@@ -72,6 +74,8 @@ class EchoStats:
     echo_detected: bool | None = None  # None: not judged yet
     realigned: int = 0  # times the near end had gained on the far end
     bridged_chunks: int = 0  # 10 ms of inbound audio missing, bridged with silence
+    delay_changes: int = 0  # the echo's delay found to have moved
+    residual_chunks: int = 0  # 10 ms of echo AEC3 let through, attenuated
 
     @property
     def removed_db(self) -> float | None:
@@ -88,6 +92,8 @@ class EchoStats:
             "playing_chunks": self.playing_chunks,
             "realigned": self.realigned,
             "bridged_chunks": self.bridged_chunks,
+            "delay_changes": self.delay_changes,
+            "residual_chunks": self.residual_chunks,
             "removed_db": None if removed is None else round(removed, 1),
         }
 
@@ -124,6 +130,7 @@ class EchoCanceller:
         self._read_end: int | None = None  # far-end position up to which AEC3 has been fed
         self._pending = np.zeros(0, dtype=np.int16)
         self._quiet_far_chunks = 0  # far-end chunks in a row with nothing played
+        self._residual = ResidualEcho()
         self.presence = EchoPresence()
         self.stats = EchoStats()
 
@@ -200,6 +207,9 @@ class EchoCanceller:
         # suppression, slow to let go after the agent stops, would cost
         # the words of a caller who has just cut the agent off.
         self.presence.push(far, near)
+        # What AEC3 lets through while it re-learns a moved echo path
+        # (audio/residual_echo.py).
+        out = self._residual.check(far, out, self.presence)
         playing = _playing(far)
         self._count(near, out, playing)
         self._note_far(playing)
@@ -215,6 +225,8 @@ class EchoCanceller:
         stats = self.stats
         stats.chunks += 1
         stats.echo_detected = self.presence.echo
+        stats.delay_changes = self.presence.delay_changes
+        stats.residual_chunks = self._residual.attenuated_chunks
         if not playing:
             return
         stats.playing_chunks += 1

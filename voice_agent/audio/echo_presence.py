@@ -23,6 +23,12 @@ with a caller who starts talking over the agent on a clean line: that is
 one step up in the near end's level, and whenever the agent happened to
 be louder after the step than before it, the plain envelopes gave 0.7-0.83
 (found as echo in 49 of 250 simulated barge-ins, and in a CI run).
+
+Once echo is found its delay is still followed: a phone's jitter buffer
+grows and shrinks, a transfer puts another phone on the line. A new delay
+counts once two judgements running agree on it (200 ms), and the
+canceller's tail and its residual-echo check (audio/residual_echo.py) use
+the delay as it is now.
 """
 
 from __future__ import annotations
@@ -76,6 +82,8 @@ class EchoPresence:
         self._echo_lag: int | None = None  # delay of the last echo-like judgement
         self._echo_streak = 0
         self._quiet_streak = 0
+        self._candidate: int | None = None  # a new delay seen once, once echo is found
+        self.delay_changes = 0
 
     @property
     def echo_delay_chunks(self) -> int:
@@ -90,8 +98,6 @@ class EchoPresence:
 
     def push(self, far: np.ndarray, near: np.ndarray) -> None:
         """One 10 ms chunk of each end, lined up as the canceller sees them."""
-        if self.echo is True:
-            return  # decided for the rest of the call
         slot = self._count % WINDOW  # a ring: the oldest entry is overwritten
         self._far[slot], self._near[slot] = energy_db(far), energy_db(near)
         self._filled = min(WINDOW, self._filled + 1)
@@ -103,6 +109,9 @@ class EchoPresence:
             return  # too little of the agent's speech to judge by
         correlation, lag = judged
         self.best_correlation = correlation
+        if self.echo is True:
+            self._track(correlation, lag)
+            return
         if correlation >= ECHO_CORRELATION:
             same = self._echo_lag is not None and abs(lag - self._echo_lag) <= SAME_DELAY
             self._echo_streak = self._echo_streak + 1 if same else 1
@@ -115,6 +124,23 @@ class EchoPresence:
             self._quiet_streak = self._quiet_streak + 1 if quiet else 0
             if self._quiet_streak >= NO_ECHO_STREAK:
                 self.echo = False
+
+    def _track(self, correlation: float, lag: int) -> None:
+        """Echo found: follow its delay as it changes (a phone's jitter
+        buffer growing or shrinking, a transfer). A new delay counts once
+        two judgements running agree on it."""
+        if correlation < ECHO_CORRELATION:
+            self._candidate = None
+            return
+        assert self._echo_lag is not None
+        if abs(lag - self._echo_lag) <= SAME_DELAY // 2:
+            self._candidate = None
+            return
+        if self._candidate is not None and abs(lag - self._candidate) <= SAME_DELAY // 2:
+            self._echo_lag, self._candidate = lag, None
+            self.delay_changes += 1
+            return
+        self._candidate = lag
 
     def _window(self) -> tuple[np.ndarray, np.ndarray]:
         """The envelopes in the window, oldest first."""
