@@ -1,9 +1,11 @@
 """Shared fixtures: one real engine (real models, real llama.cpp server) per
-test run, and servers built on it with per-test settings."""
+test run, one with fake models (``fake_engine``) for what the models do not
+decide, and servers built on either with per-test settings."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -19,8 +21,15 @@ from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.server.app import CALLS, build_app
 from voice_agent.server.calls import CallRegistry
+from voice_agent.testing import fake_models
 from voice_agent.testing.ports import free_port
-from voice_agent.testing.scripted_llm import ScriptedLlmServer, scripted_llm_server
+from voice_agent.testing.scripted_llm import (
+    Script,
+    ScriptedLlmServer,
+    chat_text,
+    responses_text,
+    scripted_llm_server,
+)
 
 # The STT tests' fixtures (tiny NeMo model, parakeet backend) live in their own module.
 pytest_plugins = ["tests.stt_fixtures"]
@@ -69,6 +78,79 @@ async def engine() -> AsyncIterator[Engine]:
     await engine.stop()
 
 
+# What the fake engine's LLM says when a test queued nothing else.
+FAKE_REPLY = "This is a fake reply."
+
+
+def fake_reply(server: ScriptedLlmServer) -> Callable[[dict[str, Any]], Script | None]:
+    """The scripted server's answer when its queue is empty: ``FAKE_REPLY``,
+    streamed or whole as asked, in the API the body speaks (Responses has
+    ``input``, Chat Completions ``messages``)."""
+
+    def answer(body: dict[str, Any]) -> Script | None:
+        if server.scripts:
+            return None  # what a test queued comes first
+        responses = "input" in body and "messages" not in body
+        if body.get("stream", False):
+            return Script(responses_text(FAKE_REPLY) if responses else chat_text(FAKE_REPLY))
+        message = {"role": "assistant", "content": FAKE_REPLY}
+        text = {"type": "output_text", "text": FAKE_REPLY}
+        item = {"type": "message", "id": "msg_1", "role": "assistant", "content": [text]}
+        whole = (
+            {"id": "resp_1", "object": "response", "status": "completed", "output": [item]}
+            if responses
+            else {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "model": "scripted",
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            }
+        )
+        return Script(raw=json.dumps(whole).encode(), content_type="application/json")
+
+    return answer
+
+
+@pytest_asyncio.fixture(scope="session")
+async def fake_llm() -> AsyncIterator[ScriptedLlmServer]:
+    """The fake engine's LLM: a scripted server (shared by every test that
+    uses the fake engine) that answers ``FAKE_REPLY`` unless a test queued
+    another script. A test that inspects requests uses ``peer`` instead."""
+    async with scripted_llm_server() as server:
+        server.script_for = fake_reply(server)
+        yield server
+
+
+def fake_settings(llm: ScriptedLlmServer, **overrides: Any) -> Settings:
+    """An engine's settings with fake models (voice_agent/testing/fake_models.py)
+    and no model anywhere: webrtcvad (a GMM), the silence's turns, and the
+    scripted LLM as a remote endpoint, so no llama-server is started."""
+    values: dict[str, Any] = {
+        "stt": "fake",
+        "tts": "fake",
+        "vad": "webrtc",
+        "turn_backend": "silence",
+        "llm_base_url": llm.base_url,
+        "llm_model": "scripted-model",
+        **overrides,
+    }
+    return test_settings(**values)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def fake_engine(fake_llm: ScriptedLlmServer) -> AsyncIterator[Engine]:
+    """The real engine over fake STT and TTS and the scripted LLM: loads in
+    milliseconds, for the tests of signaling, the protocol, HTTP, auth and
+    limits, whose outcome no model decides."""
+    engine = Engine(fake_settings(fake_llm))
+    await engine.start()
+    assert engine.models is not None and engine.llama is None  # an endpoint: no llama-server
+    assert isinstance(engine.models.stt, fake_models.FakeStt)
+    assert isinstance(engine.models.tts, fake_models.FakeTts)
+    yield engine
+    await engine.stop()
+
+
 class RunningServer:
     def __init__(self, app: web.Application, runner: web.AppRunner, url: str) -> None:
         self.app = app
@@ -101,8 +183,9 @@ async def run_server(
         await runner.cleanup()
 
 
-@pytest_asyncio.fixture
-async def server_factory(engine: Engine) -> AsyncIterator[ServerFactory]:
+@asynccontextmanager
+async def servers_over(engine: Engine) -> AsyncIterator[ServerFactory]:
+    """Makes servers over ``engine`` with per-test settings; stops them after."""
     stack: list[Any] = []
 
     async def make(**overrides: Any) -> RunningServer:
@@ -111,9 +194,24 @@ async def server_factory(engine: Engine) -> AsyncIterator[ServerFactory]:
         stack.append(context)
         return server
 
-    yield make
-    for context in reversed(stack):
-        await context.__aexit__(None, None, None)
+    try:
+        yield make
+    finally:
+        for context in reversed(stack):
+            await context.__aexit__(None, None, None)
+
+
+@pytest_asyncio.fixture
+async def server_factory(engine: Engine) -> AsyncIterator[ServerFactory]:
+    async with servers_over(engine) as make:
+        yield make
+
+
+@pytest_asyncio.fixture
+async def fake_server_factory(fake_engine: Engine) -> AsyncIterator[ServerFactory]:
+    """``server_factory`` over the fake engine: the real app, fake models."""
+    async with servers_over(fake_engine) as make:
+        yield make
 
 
 @pytest_asyncio.fixture
@@ -138,7 +236,8 @@ def anyio_backend() -> str:
 # test uses, directly or through others (server_factory, call, parakeet_server
 # all need the engine): the engine loads Whisper, Piper, Smart Turn, Silero and
 # llama-server, tiny_nemo_model builds a NeMo model, playwright drives
-# Chromium. A module that imports the SIP lab (voice_agent/testing) runs it.
+# Chromium; fake_engine (and fake_server_factory) loads no model, so marks
+# nothing. A module that imports the SIP lab (voice_agent/testing) runs it.
 # Tests that start a model, a container or a browser themselves carry their
 # marker in their module.
 MARKERS_BY_FIXTURE = {"engine": "models", "tiny_nemo_model": "models", "playwright": "browser"}

@@ -1,6 +1,7 @@
 """Authentication: API keys, single-use client secrets bound to a session,
 the LLM proxy behind a key, and limits per key. Real server, real aiortc
-callers, real models."""
+callers, fake models (voice_agent/testing/fake_models.py) and the scripted
+LLM: no model decides who may call."""
 
 from __future__ import annotations
 
@@ -63,9 +64,9 @@ async def refused(server: RunningServer, http: aiohttp.ClientSession, token: str
 
 
 async def test_offers_need_a_valid_key_and_none_leaves_a_call_behind(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=[KEY])
+    server = await fake_server_factory(auth="required", api_keys=[KEY])
     assert "401" in await refused(server, http, None)
     assert "missing_api_key" in await refused(server, http, None)
     assert "invalid_api_key" in await refused(server, http, "sk-wrong")
@@ -81,9 +82,9 @@ async def test_offers_need_a_valid_key_and_none_leaves_a_call_behind(
 
 
 async def test_a_client_secret_is_bound_to_its_session_single_use_and_expires(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=[KEY])
+    server = await fake_server_factory(auth="required", api_keys=[KEY])
     status, body = await mint(http, server, {"session": {"instructions": "Say banana."}}, None)
     assert status == 401 and body["error"]["code"] == "missing_api_key"
     status, body = await mint(http, server, {"session": {"instructions": "Say banana."}})
@@ -108,9 +109,9 @@ async def test_a_client_secret_is_bound_to_its_session_single_use_and_expires(
 
 
 async def test_a_secret_refused_for_a_full_server_is_still_good_for_the_retry(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=[KEY], max_calls=1)
+    server = await fake_server_factory(auth="required", api_keys=[KEY], max_calls=1)
     first = RealtimeClient(server.url, token=KEY)
     await first.connect(http)
     _, body = await mint(http, server, {})
@@ -125,9 +126,9 @@ async def test_a_secret_refused_for_a_full_server_is_still_good_for_the_retry(
 
 
 async def test_a_forged_or_altered_secret_is_refused(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=[KEY, OTHER])
+    server = await fake_server_factory(auth="required", api_keys=[KEY, OTHER])
     _, body = await mint(http, server, {"session": {"instructions": "Say banana."}})
     kid, sealed, mac = body["value"][len("ek_") :].split(".")
     _, other = await mint(http, server, {}, OTHER)
@@ -144,9 +145,9 @@ async def test_a_forged_or_altered_secret_is_refused(
 
 
 async def test_secrets_ice_credentials_and_the_proxy_share_a_rate_per_key(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(
+    server = await fake_server_factory(
         auth="required", api_keys=[KEY, OTHER], requests_per_minute_per_key=3, enable_llm_proxy=True
     )
     assert (await mint(http, server, {}))[0] == 200
@@ -169,9 +170,9 @@ async def test_secrets_ice_credentials_and_the_proxy_share_a_rate_per_key(
 
 
 async def test_the_llm_proxy_needs_a_key(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=[KEY], enable_llm_proxy=True)
+    server = await fake_server_factory(auth="required", api_keys=[KEY], enable_llm_proxy=True)
     request = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
     async with http.post(server.url + "/v1/chat/completions", json=request) as response:
         assert response.status == 401
@@ -185,9 +186,9 @@ async def test_the_llm_proxy_needs_a_key(
 
 
 async def test_limits_per_key_count_its_secrets_and_free_up_when_calls_end(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(
+    server = await fake_server_factory(
         auth="required",
         api_keys=[KEY, OTHER],
         max_calls_per_key=1,
@@ -220,9 +221,9 @@ async def test_auth_is_required_off_loopback_and_serve_says_how() -> None:
 
 
 async def test_every_endpoint_but_the_probes_and_the_page_needs_a_key(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=[KEY])
+    server = await fake_server_factory(auth="required", api_keys=[KEY])
     for path in ("/v1/stats", "/metrics"):
         for token in (None, "sk-wrong-0123456789", "sk-\u00e9t\u00e9-non-ascii"):
             status, body = await status_of(http, "GET", server.url + path, token)
@@ -240,9 +241,9 @@ async def test_every_endpoint_but_the_probes_and_the_page_needs_a_key(
 
 
 async def test_a_call_is_seen_and_ended_only_by_its_maker(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=[KEY, OTHER])
+    server = await fake_server_factory(auth="required", api_keys=[KEY, OTHER])
     _, body = await mint(http, server, {})
     client = RealtimeClient(server.url, token=body["value"])  # a page with a client secret
     await client.connect(http)
@@ -262,10 +263,10 @@ async def test_a_call_is_seen_and_ended_only_by_its_maker(
 
 
 async def test_a_scraper_reads_metrics_on_its_own_port_without_a_key(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
     port = free_port()
-    server = await server_factory(auth="required", api_keys=[KEY], metrics_port=port)
+    server = await fake_server_factory(auth="required", api_keys=[KEY], metrics_port=port)
     await web.TCPSite(server.runner, "127.0.0.1", port).start()  # as serve does
     scraper = f"http://127.0.0.1:{port}"
     status, text = await status_of(http, "GET", scraper + "/metrics", None)
@@ -276,9 +277,9 @@ async def test_a_scraper_reads_metrics_on_its_own_port_without_a_key(
 
 
 async def test_keys_configured_are_enforced_on_loopback_too(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(api_keys=[KEY])  # --auth auto, 127.0.0.1
+    server = await fake_server_factory(api_keys=[KEY])  # --auth auto, 127.0.0.1
     assert "missing_api_key" in await refused(server, http, None)
     assert (await get(http, server, "/v1/stats", KEY))["auth"]["required"] is True
 

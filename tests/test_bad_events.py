@@ -1,6 +1,7 @@
 """What a broken peer sends on the data channel that aiortc cannot take by
 itself is answered (or dropped), and the call goes on: each of these used to
-end the call's DTLS transport (its audio too) or leave the client waiting."""
+end the call's DTLS transport (its audio too) or leave the client waiting.
+Real peers, fake models."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ async def still_answers(client: RealtimeClient) -> None:
 
 
 async def test_text_that_is_not_utf8_gets_invalid_json_and_bad_channel_opens_are_dropped(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     client = RealtimeClient(server.url)
     await client.connect(http)
     await asyncio.wait_for(client.wait_for_type("session.created"), 10)
@@ -51,9 +52,9 @@ async def test_text_that_is_not_utf8_gets_invalid_json_and_bad_channel_opens_are
 
 
 async def test_an_answer_too_large_for_the_peer_is_replaced_by_an_error(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     client = RealtimeClient(server.url)
     await client.connect(http)
     await asyncio.wait_for(client.wait_for_type("session.created"), 10)

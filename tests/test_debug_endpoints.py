@@ -1,6 +1,7 @@
 """The debug endpoints (``--debug-endpoints``) that bench/soak.py reads: off
 by default, and when on, their counts follow a real call as it starts and
-ends (the client and the server share this process, so both peers count)."""
+ends (the client and the server share this process, so both peers count).
+Over the fake models: the objects counted are the server's, not a model's."""
 
 from __future__ import annotations
 
@@ -22,18 +23,18 @@ async def memory(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
 
 
 async def test_debug_endpoints_are_off_by_default(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     for method, path in [("GET", "/debug/memory"), ("POST", "/debug/malloc-trim")]:
         async with http.request(method, server.url + path) as response:
             assert response.status in (404, 405)
 
 
 async def test_live_objects_follow_a_call_and_return_to_zero(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(debug_endpoints=True)
+    server = await fake_server_factory(debug_endpoints=True)
     before = await memory(http, server.url)
     assert before["calls"] == 0 and before["objects"]["Call"] == 0
     assert before["types"]["voice_agent.server.calls.CallRegistry"] >= 1
@@ -62,9 +63,9 @@ async def test_live_objects_follow_a_call_and_return_to_zero(
 
 
 async def test_heap_stats_and_malloc_trim(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(debug_endpoints=True)
+    server = await fake_server_factory(debug_endpoints=True)
     heap = (await memory(http, server.url))["heap"]
     assert heap is not None  # glibc: the CI image and the service image
     assert heap["arenas"] >= 1 and heap["in_use_bytes"] > 0 and heap["free_bytes"] >= 0

@@ -1,5 +1,6 @@
 """Per-address limits behind a reverse proxy: X-Forwarded-For names the
-client only when the peer sending it is a listed proxy. Real server."""
+client only when the peer sending it is a listed proxy. Real server, fake
+models."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import pytest
 
 from tests.conftest import RunningServer, ServerFactory
 from voice_agent.server.forwarded import forwarded_client
-
-pytestmark = pytest.mark.e2e
 
 PROXIES = [ipaddress.ip_network("127.0.0.1/32"), ipaddress.ip_network("10.0.0.0/8")]
 
@@ -43,13 +42,13 @@ async def offer_status(http: aiohttp.ClientSession, server: RunningServer, clien
 
 
 async def test_offers_are_counted_per_forwarded_client_only_behind_a_listed_proxy(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    behind = await server_factory(offers_per_minute=1, trusted_proxies=["127.0.0.1"])
+    behind = await fake_server_factory(offers_per_minute=1, trusted_proxies=["127.0.0.1"])
     assert await offer_status(http, behind, "203.0.113.5") == 400
     assert await offer_status(http, behind, "203.0.113.5") == 429
     assert await offer_status(http, behind, "203.0.113.6") == 400  # another client
     # Without the setting, the header is anyone's claim: every offer is the peer's.
-    direct = await server_factory(offers_per_minute=1)
+    direct = await fake_server_factory(offers_per_minute=1)
     assert await offer_status(http, direct, "203.0.113.5") == 400
     assert await offer_status(http, direct, "203.0.113.6") == 429

@@ -13,6 +13,10 @@ on its other load.
 
 Each failure it found was fixed in the code and has a regression test of its
 own (test_signaling, test_llm_proxy, test_protocol, test_bad_events).
+
+The proxy's and the tokens' properties run over the fake models (no model
+decides them); the slow two keep the real ones, whose replies (real length,
+real audio) the fuzzed events meet in flight.
 """
 
 from __future__ import annotations
@@ -228,14 +232,14 @@ def within_the_proxys_fields(path: str, body: dict[str, Any]) -> bool:
 
 
 async def test_the_llm_proxy_answers_every_malformed_body_with_a_4xx(
-    engine: Engine, http: aiohttp.ClientSession
+    fake_engine: Engine, http: aiohttp.ClientSession
 ) -> None:
     limit = 4096
     settings_ = conftest.test_settings(enable_llm_proxy=True, llm_proxy_max_body_bytes=limit)
     peer: ScriptedLlmServer
     async with (
         scripted_llm_server() as peer,
-        conftest.run_server(settings_, proxied(engine, peer.base_url)) as server,
+        conftest.run_server(settings_, proxied(fake_engine, peer.base_url)) as server,
     ):
         on_loop = OnLoop(asyncio.get_running_loop())
         forwarded = 0
@@ -436,9 +440,9 @@ def forged(secret: str, other_key_secret: str) -> st.SearchStrategy[str]:
 
 
 async def test_forged_keys_and_secrets_get_a_401_on_every_endpoint(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(
+    server = await fake_server_factory(
         auth="required",
         api_keys=[KEY, OTHER_KEY],
         offers_per_minute=0,

@@ -15,7 +15,6 @@ from tests.realtime_events import appended_audio
 from voice_agent.client import RealtimeClient
 from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
 
-pytestmark = pytest.mark.e2e
 QUESTION = "0930"
 
 
@@ -32,6 +31,7 @@ def question_without_trailing_silence() -> np.ndarray:
     return librivox(QUESTION)[: int(2.9 * 16_000)]
 
 
+@pytest.mark.e2e  # real speech, heard by the real STT
 @pytest.mark.slow
 async def test_appended_speech_and_a_commit_are_heard_and_answered(
     server_factory: ServerFactory, http: aiohttp.ClientSession
@@ -60,6 +60,7 @@ async def test_appended_speech_and_a_commit_are_heard_and_answered(
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 async def test_push_to_talk_waits_for_commit_and_response_create(
     server_factory: ServerFactory, http: aiohttp.ClientSession
@@ -119,9 +120,10 @@ async def test_push_to_talk_waits_for_commit_and_response_create(
 
 
 async def test_bad_audio_events_are_refused_naming_the_parameter(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    """Refused before any model hears it: over the fake models."""
+    server = await fake_server_factory()
     client = await connected(server.url, http)
     for audio in (5, "not base64!", "AA=="):  # "AA==" decodes to a single byte
         mark = len(client.events)

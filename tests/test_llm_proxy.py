@@ -1,5 +1,6 @@
 """The LLM proxy: the server's model and key, streamed pass-through, bounded
-bodies, clear errors, and a client that leaves ends the upstream request."""
+bodies, clear errors, and a client that leaves ends the upstream request.
+The upstream is the scripted LLM; the engine's STT and TTS are the fakes."""
 
 from __future__ import annotations
 
@@ -43,12 +44,12 @@ def proxied(engine: Engine, base_url: str) -> Engine:
     [("/v1/chat/completions", "chat-completions"), ("/v1/responses", "responses")],
 )
 async def test_requests_are_forwarded_with_the_server_s_model_and_key(
-    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession, path: str, api: str
+    fake_engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession, path: str, api: str
 ) -> None:
     peer.add(Script(text_events(api, "Hello ", "there.")))
     settings = conftest.test_settings(enable_llm_proxy=True)
     async with (
-        conftest.run_server(settings, proxied(engine, peer.base_url)) as server,
+        conftest.run_server(settings, proxied(fake_engine, peer.base_url)) as server,
         http.post(
             server.url + path,
             json={"model": "client-model", "stream": True, **PROMPTS[path]},
@@ -71,7 +72,7 @@ async def test_requests_are_forwarded_with_the_server_s_model_and_key(
     [(500, 502, "upstream_error"), (401, 502, "upstream_error"), (400, 400, "upstream_refused")],
 )
 async def test_upstream_errors_reach_the_client_as_a_generic_message(
-    engine: Engine,
+    fake_engine: Engine,
     peer: ScriptedLlmServer,
     http: aiohttp.ClientSession,
     caplog: pytest.LogCaptureFixture,
@@ -82,7 +83,7 @@ async def test_upstream_errors_reach_the_client_as_a_generic_message(
     peer.add(Script(status=upstream))
     settings = conftest.test_settings(enable_llm_proxy=True)
     async with (
-        conftest.run_server(settings, proxied(engine, peer.base_url)) as server,
+        conftest.run_server(settings, proxied(fake_engine, peer.base_url)) as server,
         http.post(server.url + "/v1/chat/completions", json={}) as response,
     ):
         assert response.status == status
@@ -95,9 +96,9 @@ async def test_upstream_errors_reach_the_client_as_a_generic_message(
 
 
 async def test_bad_bodies_and_a_dead_endpoint_get_clear_errors(
-    engine: Engine, http: aiohttp.ClientSession
+    fake_engine: Engine, http: aiohttp.ClientSession
 ) -> None:
-    dead = proxied(engine, f"http://127.0.0.1:{free_port()}/v1")
+    dead = proxied(fake_engine, f"http://127.0.0.1:{free_port()}/v1")
     settings = conftest.test_settings(enable_llm_proxy=True, llm_proxy_max_body_bytes=2048)
     async with conftest.run_server(settings, dead) as server:
         url = server.url + "/v1/chat/completions"
@@ -115,13 +116,13 @@ async def test_bad_bodies_and_a_dead_endpoint_get_clear_errors(
 
 
 async def test_a_client_that_leaves_ends_the_upstream_request(
-    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+    fake_engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
     words = [f"word{i} " for i in range(200)]
     # A model still generating: a token every 50 ms for 10 s.
     peer.add(Script(text_events("chat-completions", "One, ", *words), interval_s=0.05))
     settings = conftest.test_settings(enable_llm_proxy=True)
-    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+    async with conftest.run_server(settings, proxied(fake_engine, peer.base_url)) as server:
         response = await http.post(server.url + "/v1/chat/completions", json={"stream": True})
         assert b"One, " in await response.content.readuntil(b"One, ")
         response.close()
@@ -130,13 +131,13 @@ async def test_a_client_that_leaves_ends_the_upstream_request(
 
 
 async def test_a_client_that_leaves_before_the_first_byte_ends_the_upstream_request(
-    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+    fake_engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
     """A non-streamed request (or a slow first token): nothing is written that
     could fail, so leaving must be noticed by itself."""
     peer.add(Script(hang_before=True))
     settings = conftest.test_settings(enable_llm_proxy=True)
-    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+    async with conftest.run_server(settings, proxied(fake_engine, peer.base_url)) as server:
         request = asyncio.ensure_future(
             http.post(server.url + "/v1/chat/completions", json={"stream": False})
         )
@@ -148,21 +149,21 @@ async def test_a_client_that_leaves_before_the_first_byte_ends_the_upstream_requ
 
 
 async def test_the_proxy_is_off_by_default(
-    server_factory: conftest.ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: conftest.ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     async with http.post(server.url + "/v1/chat/completions", json={}) as response:
         assert response.status in (404, 405)
 
 
 async def test_json_nested_past_the_limit_is_refused_at_any_depth(
-    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+    fake_engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
     """Python's parser takes JSON nested about 990 deep, but writing it out
     again, further down the stack, on its way to the model, fails for a band
     of depths just under that (a 500 before the limit existed)."""
     settings = conftest.test_settings(enable_llm_proxy=True)
-    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+    async with conftest.run_server(settings, proxied(fake_engine, peer.base_url)) as server:
         url = server.url + "/v1/chat/completions"
         for depth in (MAX_DEPTH + 1, 500, *range(900, 1000, 2), 5000):
             body = '{"messages": [], "tools": ' + "[" * depth + "]" * depth + "}"
@@ -180,10 +181,10 @@ async def test_json_nested_past_the_limit_is_refused_at_any_depth(
 
 
 async def test_bodies_are_held_to_the_operators_limits(
-    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+    fake_engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
     settings = conftest.test_settings(enable_llm_proxy=True, llm_proxy_max_tokens=50)
-    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+    async with conftest.run_server(settings, proxied(fake_engine, peer.base_url)) as server:
         chat = server.url + "/v1/chat/completions"
         # Fields past what a side task needs are refused by name, never sent on.
         for extra in ({"id_slot": 0}, {"grammar": "root ::= x"}, {"n": 8}, {"input": "hi"}):
@@ -208,12 +209,12 @@ async def test_bodies_are_held_to_the_operators_limits(
 
 
 async def test_requests_beyond_the_concurrency_cap_are_refused_at_once(
-    engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
+    fake_engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
     """Side tasks must not take every slot the live calls' replies need."""
     settings = conftest.test_settings(enable_llm_proxy=True, llm_proxy_max_concurrent=2)
     peer.add(Script(hang_before=True), Script(hang_before=True))
-    async with conftest.run_server(settings, proxied(engine, peer.base_url)) as server:
+    async with conftest.run_server(settings, proxied(fake_engine, peer.base_url)) as server:
         url = server.url + "/v1/chat/completions"
         held = [asyncio.ensure_future(http.post(url, json={"messages": []})) for _ in range(2)]
         async with asyncio.timeout(5):

@@ -1,4 +1,6 @@
-"""``GET /metrics``: Prometheus exposition of a real server's real turns."""
+"""``GET /metrics``: Prometheus exposition of a real server's real turns
+(over the fake models and the scripted LLM: what is counted is the
+server's), and the embedded LLM's gauges (over the real engine)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import RunningServer, ServerFactory
 from tests.test_websocket import events_until, typed_turn, ws_url
-
-pytestmark = pytest.mark.e2e
-
 
 KEY = "sk-metrics-test-0123"
 
@@ -33,9 +32,9 @@ async def scrape(http: aiohttp.ClientSession, server: RunningServer) -> dict[str
 
 
 async def test_a_turn_shows_in_the_metrics(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(auth="required", api_keys=[KEY])
+    server = await fake_server_factory(auth="required", api_keys=[KEY])
     before = await scrape(http, server)
     async with http.ws_connect(ws_url(server), headers={"Authorization": f"Bearer {KEY}"}) as ws:
         await events_until(ws, "session.created", 10)
@@ -61,7 +60,18 @@ async def test_a_turn_shows_in_the_metrics(
     assert grew("voice_agent_calls_ended_total{outcome=hangup}") == 1
     assert grew("voice_agent_calls_refused_total{reason=unauthorized}") == 1
     assert after["voice_agent_outbound_frames_total{}"] > 0
-    assert after["voice_agent_llm_ready{}"] == 1
+    # A remote LLM endpoint (the scripted one): no embedded server to report on.
+    assert "voice_agent_llm_ready{}" not in after
     assert 0 <= after["voice_agent_event_loop_lag_seconds{quantile=0.99}"] < 5
     assert "voice_agent_event_loop_stalls_total{}" in after
     assert after["process_resident_memory_bytes{}"] > 50e6
+
+
+@pytest.mark.e2e
+async def test_the_embedded_llm_shows_in_the_metrics(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    server = await server_factory(auth="required", api_keys=[KEY])
+    samples = await scrape(http, server)
+    assert samples["voice_agent_llm_ready{}"] == 1
+    assert "voice_agent_llm_restarts_total{}" in samples

@@ -19,9 +19,9 @@ PUBLIC = "https://voice.example.test/pod/voice-agent-1"
 
 
 async def test_the_location_is_pod_addressed_and_its_path_hangs_up(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(public_url=PUBLIC + "/")
+    server = await fake_server_factory(public_url=PUBLIC + "/")
     client = RealtimeClient(server.url)
     try:
         await client.connect(http)
@@ -41,9 +41,9 @@ async def test_the_location_is_pod_addressed_and_its_path_hangs_up(
 
 
 async def test_without_a_public_url_the_location_is_a_path(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     client = RealtimeClient(server.url)
     await client.connect(http)
     assert client.location is not None and client.location.startswith("/v1/realtime/calls/")

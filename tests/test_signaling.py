@@ -1,4 +1,5 @@
-"""Every way signaling can go wrong gets a clear answer and leaves nothing behind."""
+"""Every way signaling can go wrong gets a clear answer and leaves nothing
+behind. Real server and peers over the fake models (no model decides any of it)."""
 
 from __future__ import annotations
 
@@ -49,18 +50,18 @@ async def post(
 
 
 async def test_wrong_content_type_is_415(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     status, headers, body = await post(http, server.url, "v=0", "application/json")
     assert status == 415
     assert "application/sdp" in body and headers["Content-Type"].startswith("application/json")
 
 
 async def test_oversized_body_is_413(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(max_offer_bytes=4096)
+    server = await fake_server_factory(max_offer_bytes=4096)
     status, _, body = await post(http, server.url, "v=0\r\n" + "a=x\r\n" * 2000)
     assert status == 413 and "body_too_large" in body
 
@@ -86,9 +87,9 @@ async def test_oversized_body_is_413(
     ],
 )
 async def test_bad_offers_are_400_with_a_json_error(
-    server_factory: ServerFactory, http: aiohttp.ClientSession, body: bytes, code: str
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession, body: bytes, code: str
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     status, headers, text = await post(http, server.url, body)
     assert status == 400, text
     assert headers["Content-Type"].startswith("application/json")
@@ -97,9 +98,9 @@ async def test_bad_offers_are_400_with_a_json_error(
 
 
 async def test_server_full_is_503_with_retry_after(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(max_calls=1)
+    server = await fake_server_factory(max_calls=1)
     client = RealtimeClient(server.url)
     await client.connect(http)
     calls_before = len(server.calls)
@@ -115,9 +116,9 @@ async def test_server_full_is_503_with_retry_after(
 
 
 async def test_hangup_with_delete(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     client = RealtimeClient(server.url)
     await client.connect(http)
     assert client.location is not None and client.location.startswith(CALLS + "/rtc_")
@@ -130,23 +131,23 @@ async def test_hangup_with_delete(
 
 
 async def test_unknown_call_is_404(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     async with http.delete(server.url + CALLS + "/rtc_nope") as response:
         assert response.status == 404
         assert (await response.json())["error"]["code"] == "call_not_found"
 
 
 async def test_an_offer_that_never_connects_costs_the_llm_nothing(
-    engine: Engine, http: aiohttp.ClientSession
+    fake_engine: Engine, http: aiohttp.ClientSession
 ) -> None:
     """The LLM prefill starts once the caller is connected: a burst of offers
     hung up at once left the model busy with prompts for calls long gone
     (found as a slow real call after the fuzzer's 200 short-lived calls)."""
     async with scripted_llm_server() as peer:
         llm = make_llm("chat-completions", peer.base_url)
-        prefilled = engine_with_llm(engine, llm, llm_prefill=True)
+        prefilled = engine_with_llm(fake_engine, llm, llm_prefill=True)
         settings = conftest.test_settings(connect_timeout_s=1.0)
         async with conftest.run_server(settings, prefilled) as server:
             pc, offer = await real_offer()
@@ -164,9 +165,9 @@ async def test_an_offer_that_never_connects_costs_the_llm_nothing(
 
 
 async def test_a_peer_that_disappears_is_released(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(disconnect_grace_s=0.5)
+    server = await fake_server_factory(disconnect_grace_s=0.5)
     client = RealtimeClient(server.url)
     await client.connect(http)
     assert len(server.calls) == 1
@@ -175,9 +176,9 @@ async def test_a_peer_that_disappears_is_released(
 
 
 async def test_calls_end_at_the_maximum_duration(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(max_call_duration_s=1.5)
+    server = await fake_server_factory(max_call_duration_s=1.5)
     client = RealtimeClient(server.url)
     await client.connect(http)
     await asyncio.wait_for(server.calls.wait_for_count(0), 6)
@@ -185,9 +186,9 @@ async def test_calls_end_at_the_maximum_duration(
 
 
 async def test_cors_preflight_and_exposed_location(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(cors_origins=["https://app.example"])
+    server = await fake_server_factory(cors_origins=["https://app.example"])
     headers = {
         "Origin": "https://app.example",
         "Access-Control-Request-Method": "POST",
@@ -224,9 +225,9 @@ async def test_cors_preflight_and_exposed_location(
     ],
 )
 async def test_cors_preflight_allows_the_headers_an_allowed_origin_asks_for(
-    server_factory: ServerFactory, http: aiohttp.ClientSession, asked: str
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession, asked: str
 ) -> None:
-    server = await server_factory(cors_origins=["https://app.example"])
+    server = await fake_server_factory(cors_origins=["https://app.example"])
     preflight = {
         "Origin": "https://app.example",
         "Access-Control-Request-Method": "POST",
@@ -258,9 +259,9 @@ async def test_cors_preflight_allows_the_headers_an_allowed_origin_asks_for(
 
 
 async def test_cors_preflight_with_any_origin_varies_on_the_asked_headers(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(cors_origins=["*"])
+    server = await fake_server_factory(cors_origins=["*"])
     preflight = {
         "Origin": "https://anywhere.example",
         "Access-Control-Request-Method": "POST",
@@ -279,9 +280,9 @@ async def test_cors_preflight_with_any_origin_varies_on_the_asked_headers(
 
 
 async def test_health_and_readiness(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     async with http.get(server.url + "/healthz") as response:
         assert response.status == 200
     async with http.get(server.url + "/readyz") as response:
@@ -289,9 +290,9 @@ async def test_health_and_readiness(
 
 
 async def test_fifty_bad_requests_leave_nothing_behind(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(max_offer_bytes=4096)
+    server = await fake_server_factory(max_offer_bytes=4096)
     bodies: list[tuple[bytes, str]] = [
         (b"nonsense", "application/sdp"),
         (VIDEO_ONLY_SDP.encode(), "application/sdp"),
@@ -312,9 +313,9 @@ async def test_fifty_bad_requests_leave_nothing_behind(
 
 
 async def test_a_malformed_offer_never_reaches_a_peer_connection(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     gc.collect()
     pcs_before = sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects())
     created: list[object] = []
@@ -361,13 +362,13 @@ def mutate(sdp: str, prefix: str, replacement: str) -> str:
     ],
 )
 async def test_offers_with_a_malformed_line_are_400_naming_it(
-    server_factory: ServerFactory,
+    fake_server_factory: ServerFactory,
     http: aiohttp.ClientSession,
     prefix: str,
     replacement: str,
     says: str,
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     pc, sdp = await real_offer()
     await pc.close()
     if prefix == "a=candidate:" and prefix not in sdp:  # no candidates gathered: add one
@@ -388,9 +389,9 @@ async def test_offers_with_a_malformed_line_are_400_naming_it(
     ids=["no-boundary", "broken-part-header", "cut-short"],
 )
 async def test_broken_multipart_bodies_are_400(
-    server_factory: ServerFactory, http: aiohttp.ClientSession, content_type: str, body: bytes
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession, content_type: str, body: bytes
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     status, _, text = await post(http, server.url, body, content_type)
     assert status == 400, text
     assert '"code": "invalid_' in text
@@ -398,9 +399,9 @@ async def test_broken_multipart_bodies_are_400(
 
 
 async def test_a_client_over_its_offer_rate_gets_429_and_others_do_not(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(offers_per_minute=3)
+    server = await fake_server_factory(offers_per_minute=3)
     for _ in range(3):  # bad offers count too: a flood is a flood
         status, _, _ = await post(http, server.url, b"nonsense")
         assert status == 400
@@ -418,9 +419,9 @@ async def test_a_client_over_its_offer_rate_gets_429_and_others_do_not(
 
 
 async def test_no_such_route_or_method_gets_the_json_error_shape(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     async with http.get(server.url + CALLS) as response:
         assert response.status == 405 and "POST" in response.headers["Allow"]
         error = (await response.json())["error"]

@@ -1,6 +1,7 @@
 """A client that asks for more than it reads, or sends audio faster than
 anyone speaks, is bounded: its call ends (or its excess is dropped) and
-other calls go on. Real server, real calls: an aiortc peer whose SCTP stops
+other calls go on. Real server, real calls (over the fake models: the
+bounds are the server's, not a model's): an aiortc peer whose SCTP stops
 acknowledging, a WebSocket nobody reads, a flood of appended audio."""
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 
 import aiohttp
 import numpy as np
-import pytest
 
 from tests.conftest import ServerFactory
 from tests.realtime_events import typed
@@ -21,8 +21,6 @@ from voice_agent.realtime.input_audio import APPEND_BURST_S, INPUT_RATE, MAX_APP
 from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES
 from voice_agent.rtc.call import Call
 from voice_agent.ws.call import WebSocketCall
-
-pytestmark = pytest.mark.e2e
 
 # One item as large as an event may carry, asked for again and again: each
 # retrieval is ~200 KB the server must send.
@@ -52,9 +50,9 @@ def stop_acknowledging(client: RealtimeClient) -> None:
 
 
 async def test_a_peer_that_stops_acknowledging_is_ended_and_other_calls_go_on(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     other = RealtimeClient(server.url)
     flooder = RealtimeClient(server.url)
     for client in (other, flooder):
@@ -96,9 +94,9 @@ def ws_url(url: str) -> str:
 
 
 async def test_a_websocket_nobody_reads_is_ended_with_bounded_memory(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     async with http.ws_connect(ws_url(server.url), protocols=("realtime",)) as ws:
         (call,) = server.calls.calls()
         assert isinstance(call, WebSocketCall)
@@ -143,9 +141,9 @@ async def errors_until(ws: aiohttp.ClientWebSocketResponse, count: int) -> list[
 
 
 async def test_audio_appended_far_faster_than_real_time_is_dropped_beyond_its_pace(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory()
+    server = await fake_server_factory()
     flood_s = 60.0
     async with http.ws_connect(ws_url(server.url), protocols=("realtime",)) as ws:
         await ws.send_json(

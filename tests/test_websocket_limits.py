@@ -1,6 +1,6 @@
 """A WebSocket call holds a call slot, so it has a WebRTC call's limits: the
 longest call, a client that stops sending, a client that is gone without
-closing (heartbeat pings unanswered). Real server, real sockets."""
+closing (heartbeat pings unanswered). Real server, real sockets, fake models."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import asyncio
 import contextlib
 
 import aiohttp
-import pytest
 
 from tests.conftest import RunningServer, ServerFactory
 from voice_agent.ws.call import WebSocketCall
-
-pytestmark = pytest.mark.e2e
 
 
 def ws_url(server: RunningServer) -> str:
@@ -35,9 +32,9 @@ async def read_for(ws: aiohttp.ClientWebSocketResponse, seconds: float) -> None:
 
 
 async def test_a_websocket_call_ends_at_the_longest_call_duration(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(max_call_duration_s=2.0)
+    server = await fake_server_factory(max_call_duration_s=2.0)
     async with http.ws_connect(ws_url(server), protocols=("realtime",)) as ws:
         call = only_call(server)
         started = asyncio.get_running_loop().time()
@@ -50,9 +47,9 @@ async def test_a_websocket_call_ends_at_the_longest_call_duration(
 
 
 async def test_a_websocket_client_that_sends_nothing_is_ended_one_that_sends_is_not(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(ws_idle_timeout_s=1.0)
+    server = await fake_server_factory(ws_idle_timeout_s=1.0)
     async with http.ws_connect(ws_url(server), protocols=("realtime",)) as ws:
         call = only_call(server)
         # Active for three idle timeouts: an event every 0.4 s keeps it.
@@ -67,9 +64,9 @@ async def test_a_websocket_client_that_sends_nothing_is_ended_one_that_sends_is_
 
 
 async def test_a_websocket_client_that_stops_answering_pings_is_ended(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:
-    server = await server_factory(ws_heartbeat_s=0.5)
+    server = await fake_server_factory(ws_heartbeat_s=0.5)
     # A client that reads answers the pings: it stays.
     async with http.ws_connect(ws_url(server), protocols=("realtime",)) as ws:
         await read_for(ws, 2.0)
