@@ -11,22 +11,18 @@ INVITE   rtpengine ``offer`` (phone SDP -> WebRTC SDP), POST it to the
          read response headers, so the HTTP legs are Python's own).
 BYE      DELETE the service call, rtpengine ``delete``.
 CANCEL   487 to the INVITE; a service call made meanwhile is deleted.
+others   re-INVITE, UPDATE, INFO, OPTIONS within the call (hold, refreshes,
+         key presses): dialogs.py.
 hang-up  a timer asks the service once a second whether each call still
          lives; when it does not (the agent hung up, a DTMF hang-up digit,
-         the duration limit), the phone gets a BYE.
+         the duration limit), the phone gets a BYE. So does a call whose
+         session timer (RFC 4028) ran out unrefreshed, and the service call
+         is deleted.
 
 Before any of that, every request passes the gateway's defences, cheapest
-first, so that what an attacker can make it do costs little:
-
-flood    a source sending more than its share of requests (pike) is
-         dropped without an answer for a while (SIP_FLOOD_*);
-access   only trunks may start anything: a listed source address
-         (SIP_ALLOWED_SOURCES) or a digest user (SIP_AUTH_FILE, challenged
-         with 407, or 401 for REGISTER); others get 403, statelessly;
-calls    each trunk has its own limits on concurrent calls (counted from the
-         INVITE on, so calls being set up count too) and on new calls a
-         minute; beyond either: 503 with Retry-After, before rtpengine or the
-         service is asked anything.
+first, so that what an attacker can make it do costs little: floods
+dropped, only trunks let in, each trunk held to its limits (defences.py).
+The calls live in a table all of Kamailio's processes share (call_table.py).
 
 Settings come from the environment (see run-gateway and access.py).
 """
@@ -44,9 +40,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import access
+import dialogs
 import KSR  # type: ignore[import-not-found]  # Kamailio's module, there only inside Kamailio
 import ng
+from call_table import CALLS, CallTable
+from defences import ACCESS, TRUNK_RETRY_AFTER_S, Defences, header_value, log
 
 SERVICE = urllib.parse.urlsplit(os.environ.get("VOICE_AGENT_URL", "http://127.0.0.1:8080"))
 API_KEY = os.environ.get("VOICE_AGENT_API_KEY", "")
@@ -55,16 +53,10 @@ NG_ADDRESS = (NG_HOST, int(NG_PORT))
 CONTACT = os.environ.get("GATEWAY_CONTACT", "sip:agent@127.0.0.1:5060")
 HTTP_TIMEOUT_S = float(os.environ.get("VOICE_AGENT_TIMEOUT_S", "15"))
 CALLS_PATH = SERVICE.path.rstrip("/") + "/v1/realtime/calls"
-ACCESS = access.from_environment(os.environ)
-FLOOD_CHECKS = int(os.environ.get("SIP_FLOOD_REQUESTS") or 0) > 0  # pike loaded (run-gateway)
-# How long a trunk at its limit is told to wait: about a short call's length.
-TRUNK_RETRY_AFTER_S = 10
+# The shortest session interval (RFC 4028's Min-SE) accepted, in seconds.
+MIN_SE = int(os.environ.get("SIP_MIN_SE") or dialogs.DEFAULT_MIN_SE)
 
-CALLS = "calls"  # htable (shared by Kamailio's processes): Call-ID -> the call, as JSON
 CANCELLED = "cancelled"  # htable: Call-ID -> 1 once the caller has cancelled
-TRUNK_CALLS = "trunk_calls"  # htable: trunk -> its calls being set up or answered
-TRUNK_RATE = "trunk_rate"  # htable: trunk -> its bucket of new calls, "tokens stamp"
-BANNED = "banned"  # htable: source address -> 1 while it is dropped as a flood
 
 # The service's side of rtpengine: what a browser would offer.
 OFFER_FLAGS = {
@@ -114,11 +106,6 @@ def http_request(
         connection.close()
 
 
-def header_value(text: str) -> str:
-    """A caller-supplied value made safe for one HTTP header line."""
-    return "".join(ch for ch in text if ch.isprintable())[:128]
-
-
 def uri_of(name_addr: str) -> str:
     """The URI in a Contact or Route value: ``"Ann" <sip:a@b>;x=y`` -> ``sip:a@b``."""
     text = name_addr.strip()
@@ -127,11 +114,12 @@ def uri_of(name_addr: str) -> str:
     return text.split(";", 1)[0]
 
 
-def log(level: str, message: str) -> None:
-    getattr(KSR, level)(f"voice-agent gateway: {message}\n")
+class Gateway(Defences, CallTable):
+    def __init__(self) -> None:
+        self.dialogs = dialogs.InDialog(self, CONTACT, MIN_SE)
 
+    service = staticmethod(http_request)  # for dialogs.py
 
-class Gateway:
     def child_init(self, rank: int) -> int:
         return 0
 
@@ -160,10 +148,11 @@ class Gateway:
         elif self.trunk_of_request(method) is None:
             return 1
         elif method == "OPTIONS":
+            KSR.hdr.append_to_reply(dialogs.CAPABILITIES)
             KSR.sl.sl_send_reply(200, "OK")
         elif method == "REGISTER":
             self.register()
-        elif method == "BYE":
+        elif method in ("BYE", "UPDATE", "INFO", "PRACK"):
             KSR.sl.sl_send_reply(481, "Call/Transaction Does Not Exist")  # no To tag: no call
         else:
             KSR.sl.sl_send_reply(501, "Not Implemented")
@@ -172,124 +161,6 @@ class Gateway:
     def ksr_reply_route(self, msg: object) -> int:
         """Replies (to the BYEs this side sends) go on to tm as they are."""
         return 1
-
-    # -- the defences ------------------------------------------------------------
-    def flooding(self) -> bool:
-        """Whether this request's source is dropped as a flood (pike).
-
-        pike sees every request, banned sources' too, so a source that keeps
-        flooding stays red and its ban is renewed; the ban (an htable entry
-        that expires SIP_FLOOD_BLOCK_S after the last renewal) then outlasts
-        the burst, which pike's own blocking (lifted the first quiet sampling
-        interval) would not."""
-        if not FLOOD_CHECKS:
-            return False
-        source = KSR.pv.get("$si")
-        verdict = KSR.pike.pike_check_req()
-        if verdict < 0:
-            if verdict == -2:  # first detected: once per burst in the log, not per request
-                log("warn", f"flood from {source}: dropping its requests")
-            KSR.htable.sht_seti(BANNED, source, 1)
-            return True
-        return KSR.htable.sht_get(BANNED, source) is not None
-
-    @staticmethod
-    def retransmission() -> bool:
-        """An INVITE repeated while the first is handled or answered: the
-        transaction it repeats absorbs it (never a second service call). This
-        comes before the access checks, so that a repeat is neither challenged
-        again nor counted against its trunk's limit."""
-        if KSR.tmx.t_precheck_trans() > 0:
-            KSR.tm.t_check_trans()
-            return True
-        return bool(KSR.tm.t_check_trans() == 0)
-
-    def trunk_of_request(self, method: str) -> str | None:
-        """The trunk this out-of-dialog request comes from, or None when it is
-        refused (403) or challenged (401/407): replied to either way, statelessly,
-        so a stranger's requests leave no transaction behind."""
-        source: str = KSR.pv.get("$si")
-        if (trunk := ACCESS.trunk_of_source(source)) is not None:
-            return trunk
-        if ACCESS.open:
-            return source  # every address its own trunk, with its own call limit
-        if ACCESS.users and method in ("INVITE", "REGISTER"):
-            return self.authenticate(source)
-        log("info", f"refused {method} from {source}: not a trunk")
-        KSR.sl.sl_send_reply(403, "Forbidden")
-        return None
-
-    def authenticate(self, source: str) -> str | None:
-        realm = ACCESS.realm
-        if KSR.auth.has_credentials(realm) < 0:
-            KSR.auth.auth_challenge(realm, 1)  # 407 (401 for REGISTER), qop=auth
-            return None
-        user = KSR.pv.get("$au") or ""
-        password = ACCESS.users.get(user)
-        # Flags 0: the password is plain text; checks 0: a trunk's From user is
-        # whatever number calls, not its username. -3: no such user.
-        verdict = KSR.auth.pv_auth_check(realm, password, 0, 0) if password else -3
-        if verdict > 0:
-            return user
-        if verdict in (-4, -6):  # an old nonce: the right password, asked again
-            KSR.auth.auth_challenge(realm, 1 | 16)  # stale=true
-            return None
-        # A wrong password or user gets no second chance on this request:
-        # another challenge would only invite guessing (pike bounds the rate).
-        log("warn", f"refused digest user {header_value(user)!r} from {source} ({verdict})")
-        KSR.sl.sl_send_reply(403, "Forbidden")
-        return None
-
-    @staticmethod
-    def take_slot(trunk: str) -> bool:
-        """One more call for the trunk, unless it is at its limit. The count
-        and its change are one step under the key's lock: Kamailio's
-        workers take INVITEs in parallel."""
-        limit = ACCESS.limit_of(trunk)
-        KSR.htable.sht_lock(TRUNK_CALLS, trunk)
-        try:
-            calls = int(KSR.htable.sht_get(TRUNK_CALLS, trunk) or 0)
-            if limit and calls >= limit:
-                return False
-            KSR.htable.sht_seti(TRUNK_CALLS, trunk, calls + 1)
-            return True
-        finally:
-            KSR.htable.sht_unlock(TRUNK_CALLS, trunk)
-
-    @staticmethod
-    def take_token(trunk: str) -> float:
-        """A new call from the trunk's bucket (its calls a minute, refilled
-        evenly, so no minute's edge lets twice as many through): 0 when
-        taken, else the seconds until there is one."""
-        rate = ACCESS.rate_of(trunk)
-        if not rate:
-            return 0.0
-        now = time.monotonic()  # one clock for all of Kamailio's processes
-        KSR.htable.sht_lock(TRUNK_RATE, trunk)
-        try:
-            tokens = float(rate)  # a trunk not seen for a while: a full bucket
-            value = KSR.htable.sht_get(TRUNK_RATE, trunk)
-            if isinstance(value, str) and " " in value:
-                left, then = (float(part) for part in value.split(" ", 1))
-                tokens = min(float(rate), left + (now - then) * rate / 60)
-            if tokens < 1:
-                return (1 - tokens) * 60 / rate
-            KSR.htable.sht_sets(TRUNK_RATE, trunk, f"{tokens - 1:.6f} {now:.6f}")
-            return 0.0
-        finally:
-            KSR.htable.sht_unlock(TRUNK_RATE, trunk)
-
-    @staticmethod
-    def free_slot(trunk: str) -> None:
-        KSR.htable.sht_lock(TRUNK_CALLS, trunk)
-        try:
-            calls = int(KSR.htable.sht_get(TRUNK_CALLS, trunk) or 0)
-            if calls > 1:
-                KSR.htable.sht_seti(TRUNK_CALLS, trunk, calls - 1)
-            else:  # gone at 0: an open gateway sees many addresses, each once
-                KSR.htable.sht_rm(TRUNK_CALLS, trunk)
-        finally:
-            KSR.htable.sht_unlock(TRUNK_CALLS, trunk)
 
     # -- calls ------------------------------------------------------------------
     def invite(self, trunk: str) -> None:
@@ -310,12 +181,6 @@ class Gateway:
             if not answered:  # every way out but an answered call gives the slot back
                 self.free_slot(trunk)
 
-    @staticmethod
-    def trunk_busy(retry_after_s: int, why: str) -> None:
-        """Stateless: a trunk over its limits costs no transaction either."""
-        KSR.hdr.append_to_reply(f"Retry-After: {retry_after_s}\r\n")
-        KSR.sl.sl_send_reply(503, f"Service Unavailable ({why})")
-
     def set_up(self, trunk: str) -> bool:
         """The call, from the phone's offer to 200 OK: True once answered."""
         if KSR.tm.t_newtran() < 0:
@@ -327,6 +192,8 @@ class Gateway:
             # A late offer (no SDP) would need the service to offer: not supported.
             KSR.tm.t_reply(488, "Not Acceptable Here (an SDP offer is required)")
             return False
+        if (timer := self.dialogs.session_timer()) is None:
+            return False  # refused: 420 or 422, before anything is set up
         KSR.tm.t_reply(100, "Trying")
         try:
             offer = ng.command(
@@ -399,15 +266,27 @@ class Gateway:
             "to": KSR.pv.get("$fu"),
             "target": KSR.pv.get("$ct") or "",
             "routes": self.record_routes(),
-            "answer": phone_answer,
+            # The phone side's SDP: the answer as rtpengine made it, the one
+            # last sent (dialogs.py: hold, formats, versions), the call's
+            # codec and where the phone's first offer sent the audio.
+            "first_answer": dialogs.normalized(phone_answer),
+            "answer": dialogs.normalized(phone_answer),
+            "codec": "/".join(dialogs.codec_of(phone_answer) or ()),
+            "media": dialogs.media_target(body),
+            # For rtpengine when the phone moves its audio: the service's answer.
+            "service_answer": answer,
+            "held": False,
+            # Its session timer: the interval (0: none) and the last refresh.
+            "timer": timer.interval,
+            "refreshed": time.monotonic(),
             # Whose slot the call holds, and where its in-dialog requests may
             # come from besides the trunk's listed addresses.
             "trunk": trunk,
             "source": KSR.pv.get("$si"),
         }
         KSR.htable.sht_sets(CALLS, call_id, json.dumps(call))
-        KSR.hdr.append_to_reply(f"Contact: <{CONTACT}>\r\n")
-        KSR.textops.set_reply_body(phone_answer, "application/sdp")
+        KSR.hdr.append_to_reply(f"Contact: <{CONTACT}>\r\n{dialogs.CAPABILITIES}{timer.headers()}")
+        KSR.textops.set_reply_body(call["answer"], "application/sdp")
         KSR.tm.t_reply(200, "OK")
         log("info", f"call {call_id} from trunk {trunk} answered, service call {location}")
         return True
@@ -432,21 +311,38 @@ class Gateway:
             KSR.pv.get("$tt"),
         ):
             KSR.sl.sl_send_reply(481, "Call/Transaction Does Not Exist")
-        elif method == "INVITE":
-            self.reinvite(call)
         elif method == "BYE":
             self.bye(call_id)
         else:
-            KSR.sl.sl_send_reply(501, "Not Implemented")
+            self.dialogs.request(method, call_id, call)
 
-    def reinvite(self, call: dict[str, Any]) -> None:
-        """A session refresh keeps the media as it is (no hold, no codec change)."""
-        if KSR.tm.t_newtran() < 0:
-            KSR.sl.sl_reply_error()
-            return
-        KSR.hdr.append_to_reply(f"Contact: <{CONTACT}>\r\n")
-        KSR.textops.set_reply_body(call["answer"], "application/sdp")
-        KSR.tm.t_reply(200, "OK")
+    @staticmethod
+    def move_media(call_id: str, call: dict[str, Any], offer: str) -> str:
+        """The phone's audio moved to another address or port (a re-offer):
+        rtpengine is offered it again, with the flags of the call's first
+        offer, and answered with the service's own answer again. Its side
+        towards the service keeps its ICE credentials, DTLS fingerprint and
+        role and its port, so the service sees no change (it is told
+        nothing); the phone's side follows the new address (and learns it
+        again from the phone's packets). The phone side's SDP comes back
+        (raises OSError, ng.NgError, KeyError)."""
+        tags = {"call-id": call_id, "from-tag": call["from_tag"]}
+        ng.command(NG_ADDRESS, {"command": "offer", "sdp": offer} | tags | OFFER_FLAGS)
+        answer = {"command": "answer", "to-tag": call["to_tag"], "sdp": call["service_answer"]}
+        return str(ng.command(NG_ADDRESS, answer | tags | ANSWER_FLAGS)["sdp"])
+
+    @staticmethod
+    def block_media(call_id: str, call: dict[str, Any], blocked: bool) -> None:
+        """rtpengine stops forwarding the service's audio to the phone (the
+        phone holds the call: the answer promised it none), or resumes. The
+        service's side goes on as it was."""
+        command = "block media" if blocked else "unblock media"
+        try:  # the service side's packets: its tag is the To tag
+            ng.command(
+                NG_ADDRESS, {"command": command, "call-id": call_id, "from-tag": call["to_tag"]}
+            )
+        except (OSError, ng.NgError) as exc:
+            log("warn", f"rtpengine {command} for {call_id} failed: {exc}")
 
     def bye(self, call_id: str) -> None:
         call = self.take_call(call_id)
@@ -482,7 +378,8 @@ class Gateway:
 
     # -- the service hanging up ------------------------------------------------
     def ksr_hangups(self, msg: object, *event: object) -> int:
-        """Every second (rtimer): a BYE for each call the service has ended."""
+        """Every second (rtimer): a BYE for each call the service has ended,
+        and for each whose session timer ran out (its service call deleted)."""
         ended: list[tuple[str, dict[str, Any]]] = []
         KSR.htable.sht_iterator_start("it", CALLS)
         while KSR.htable.sht_iterator_next("it") > 0:
@@ -490,6 +387,15 @@ class Gateway:
             ended.append((call_id, json.loads(KSR.pv.get("$shtitval(it)"))))
         KSR.htable.sht_iterator_end("it")
         for call_id, call in ended:
+            if dialogs.expired(call, time.monotonic()):
+                # Taken only if still unrefreshed: a refresh may have just come.
+                taken = self.take_call(call_id, lambda c: dialogs.expired(c, time.monotonic()))
+                if taken is not None:
+                    self.send_bye(call_id, taken)
+                    self.end_service_call(taken["location"])
+                    self.forget_media(call_id, taken["from_tag"])
+                    log("info", f"call {call_id} ended: its session timer ran out")
+                continue
             try:
                 status, _, _ = http_request("GET", call["location"])
             except OSError:
@@ -515,36 +421,7 @@ class Gateway:
         nexthop = uri_of(routes[0]) if routes else ""
         KSR.tm.t_uac_send("BYE", uri_of(call["target"]) or call["to"], nexthop, "", headers, "")
 
-    # -- helpers --------------------------------------------------------------
-    @staticmethod
-    def record_routes() -> list[str]:
-        """The INVITE's Record-Route entries: the route set for our requests."""
-        routes: list[str] = []
-        for index in range(KSR.pv.get("$hdrc(Record-Route)") or 0):
-            value = KSR.pv.get(f"$(hdr(Record-Route)[{index}])") or ""
-            routes += [part.strip() for part in value.split(",") if part.strip()]
-        return routes
-
-    @staticmethod
-    def lookup(call_id: str) -> dict[str, Any] | None:
-        # sht_get, not $sht(...): a Call-ID is the caller's text, never parsed as a name.
-        value = KSR.htable.sht_get(CALLS, call_id)
-        return json.loads(value) if isinstance(value, str) and value else None
-
-    def take_call(self, call_id: str) -> dict[str, Any] | None:
-        """The call, taken out of the table by one taker only: the caller's BYE
-        and the service's end can cross, and the trunk's slot is given back once."""
-        KSR.htable.sht_lock(CALLS, call_id)
-        try:
-            call = self.lookup(call_id)
-            if call is not None:
-                KSR.htable.sht_rm(CALLS, call_id)
-        finally:
-            KSR.htable.sht_unlock(CALLS, call_id)
-        if call is not None:
-            self.free_slot(call["trunk"])
-        return call
-
+    # -- the service and rtpengine ---------------------------------------------
     @staticmethod
     def end_service_call(location: str) -> None:
         try:
