@@ -120,7 +120,9 @@ class Replies(SessionState):
         response.closed_callbacks.append(self._live_responses.discard)
         return response
 
-    def _play(self, response: Response) -> None:
+    def _commit_reply(self, response: Response) -> None:
+        """Make ``response`` the one being given (the one before it is
+        superseded) and let it start speaking."""
         if self._ending and response.script is None:
             response.cancel("server_shutdown")  # a turn that ended as the call did
             return
@@ -143,7 +145,7 @@ class Replies(SessionState):
                 self._reply_after(transcribing, request), name="reply-after-turn"
             )
             return True
-        self._play(self._new_response(None, TurnMetrics(), request))
+        self._commit_reply(self._new_response(None, TurnMetrics(), request))
         return True
 
     async def _reply_after(
@@ -156,7 +158,7 @@ class Replies(SessionState):
                 self._deferred_reply = None
         # That turn may have been answered by itself (turn detection on).
         if not self._closed and not self._replying():
-            self._play(self._new_response(None, TurnMetrics(), request))
+            self._commit_reply(self._new_response(None, TurnMetrics(), request))
 
     def cancel_response(self, reason: str = "client_cancelled") -> bool:
         """Cancel the reply being played (or waiting for a turn's transcript);
@@ -187,7 +189,7 @@ class Replies(SessionState):
         response = self._new_response(
             None, TurnMetrics(), ResponseRequest(in_conversation=False), script=text
         )
-        self._play(response)
+        self._commit_reply(response)
         return response
 
     def clear_output(self) -> None:

@@ -173,7 +173,7 @@ class Response(ToolRounds, ReplySpeech):
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._generate(), name=f"{self.response_id}-generate"),
-            asyncio.create_task(self._play(), name=f"{self.response_id}-play"),
+            asyncio.create_task(self._play_once_committed(), name=f"{self.response_id}-play"),
         ]
         for task in self._tasks:
             task.add_done_callback(self._task_done)
@@ -309,7 +309,7 @@ class Response(ToolRounds, ReplySpeech):
         except Exception:
             log.warning("apology failed", exc_info=True, extra={"response_id": self.response_id})
 
-    async def _play(self) -> None:
+    async def _play_once_committed(self) -> None:
         await self._committed.wait()
         try:
             await self._play_committed()

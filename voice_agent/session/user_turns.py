@@ -134,7 +134,7 @@ class UserTurns(SessionState):
             return
         if response is None:  # the words are in the history now: not sent twice
             response = self._new_response(None, metrics)
-        self._play(response)
+        self._commit_reply(response)
 
     async def _transcribe_turn(
         self, event: TurnEnded, spec: Speculation | None, metrics: TurnMetrics
@@ -177,7 +177,7 @@ class UserTurns(SessionState):
         if generation != self._generation or self._closed or not self._answers_turns():
             return
         error = SessionError("speech_not_recognized", message, spoken=self.config.clarification)
-        self._play(self._new_response(None, metrics, failure=error))
+        self._commit_reply(self._new_response(None, metrics, failure=error))
 
     def _transcription_failed(
         self,
@@ -204,4 +204,4 @@ class UserTurns(SessionState):
             spec.response.cancel("superseded")
         if generation != self._generation or self._closed:
             return  # the user already speaks again: that turn gets its own answer
-        self._play(self._new_response(None, metrics, failure=SessionError(code, message)))
+        self._commit_reply(self._new_response(None, metrics, failure=SessionError(code, message)))

@@ -83,7 +83,7 @@ class ScriptedLlmServer:
         if script is None:
             script = self.scripts.popleft() if self.scripts else Script(status=503)
         try:
-            return await self._play(request, script)
+            return await self._answer_with(request, script)
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the client closes the connection.
             self.disconnects += 1
@@ -93,7 +93,7 @@ class ScriptedLlmServer:
                     future.set_result(None)
             raise
 
-    async def _play(self, request: web.Request, script: Script) -> web.StreamResponse:
+    async def _answer_with(self, request: web.Request, script: Script) -> web.StreamResponse:
         if script.hang_before:
             await asyncio.Event().wait()
         if script.status != 200:

@@ -95,7 +95,7 @@ class WebSocketCall(CallCore):
         # Not _spawn()ed: neither ends the call if it fails (the reader says
         # how it ended); the release awaits them with the call's other tasks.
         self._writer = asyncio.create_task(self._write(), name=f"{self.id}-ws-writer")
-        self._player = asyncio.create_task(self._play(), name=f"{self.id}-ws-audio")
+        self._player = asyncio.create_task(self._send_audio_deltas(), name=f"{self.id}-ws-audio")
         self._tasks.update((self._writer, self._player))
         self.session.prefill_next_turn()
         self.protocol.send_session_created()
@@ -129,7 +129,7 @@ class WebSocketCall(CallCore):
             self._outbox_bytes -= len(text)
             await self._ws.send_str(text)
 
-    async def _play(self) -> None:
+    async def _send_audio_deltas(self) -> None:
         """Each 20 ms of reply audio, when it would be heard, as a delta."""
         while True:
             try:
