@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from voice_agent.backends.runtime.batching import BatchingWorker, WorkerClosed
+from voice_agent.testing.waiting import until
 
 
 class Model:
@@ -29,6 +30,11 @@ class Model:
         self.entered.set()
         self.gate.wait(10)
         return [2 * x for x in batch]
+
+
+def has_waiters(semaphore: asyncio.Semaphore) -> bool:
+    """Whether a task is blocked on ``semaphore`` (asyncio keeps no public count)."""
+    return any(not waiter.done() for waiter in semaphore._waiters or ())
 
 
 async def hold(model: Model, worker: BatchingWorker[int, int]) -> asyncio.Task[int]:
@@ -64,7 +70,7 @@ async def test_a_request_cancelled_while_queued_never_runs() -> None:
         running = await hold(model, worker)
         kept = asyncio.create_task(worker.submit(1))
         dropped = asyncio.create_task(worker.submit(2))
-        await asyncio.sleep(0.05)
+        await until(lambda: len(worker._finals) == 2)  # both queued behind the held batch
         dropped.cancel()
         model.gate.set()
         assert await running == -2 and await kept == 2
@@ -86,14 +92,17 @@ async def test_the_only_request_cancelled_while_waiting_for_the_thread_leaves_th
     try:
         running = await hold(model, worker)
         dropped = asyncio.create_task(worker.submit(2))
-        await asyncio.sleep(0.05)
+        # Queued, and the loop it woke waits for the thread the held batch has.
+        await until(lambda: bool(worker._finals) and has_waiters(worker._free_threads))
         loop_task = worker._task
         dropped.cancel()
         with pytest.raises(asyncio.CancelledError):
             await dropped
         model.gate.set()
         assert await running == -2
-        await asyncio.sleep(0.05)  # the thread is free again, the queue empty
+        # The loop took the freed thread, found nothing queued and gave it
+        # back (or died doing so, which the checks below report).
+        await until(lambda: not worker._free_threads.locked() or worker._task is not loop_task)
         assert await worker.submit(3) == 6
         assert worker._task is loop_task  # the same loop, not a restarted one
     finally:
@@ -118,7 +127,7 @@ async def test_finals_run_before_partials_and_partials_are_skipped_when_busy() -
         running = await hold(model, worker)
         model.batches.clear()
         worker_busy_with_partial = asyncio.create_task(worker.submit_partial(3))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one step: refused at once, not after waiting
         assert worker_busy_with_partial.done() and worker_busy_with_partial.result() is None
         model.gate.set()
         await running
@@ -128,7 +137,7 @@ async def test_finals_run_before_partials_and_partials_are_skipped_when_busy() -
         await asyncio.to_thread(model.entered.wait, 10)  # the partial batch runs
         queued_partial = asyncio.create_task(worker.submit_partial(6))
         final = asyncio.create_task(worker.submit(4))
-        await asyncio.sleep(0.05)
+        await until(lambda: bool(worker._partials) and bool(worker._finals))  # both queued
         model.gate.set()
         assert await partial == 10 and await final == 8 and await queued_partial == 12
     finally:
@@ -146,7 +155,7 @@ async def test_partial_batches_stay_small_so_a_final_waits_for_little() -> None:
         first = asyncio.create_task(worker.submit_partial(0))
         await asyncio.to_thread(model.entered.wait, 10)  # a partial batch runs
         queued = [asyncio.create_task(worker.submit_partial(i)) for i in range(1, 6)]
-        await asyncio.sleep(0.05)
+        await until(lambda: len(worker._partials) == 5)
         model.gate.set()
         results = await asyncio.gather(first, *queued)
     finally:
@@ -160,7 +169,7 @@ async def test_close_fails_waiting_requests_and_refuses_new_ones() -> None:
     worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0)
     running = await hold(model, worker)
     queued = asyncio.create_task(worker.submit(1))
-    await asyncio.sleep(0.05)
+    await until(lambda: len(worker._finals) == 1)
     worker.close()
     model.gate.set()
     for task in (running, queued):
@@ -197,7 +206,7 @@ async def test_close_fails_a_final_still_waiting_for_queue_room() -> None:
     worker = BatchingWorker("t", model, max_batch=1, max_wait_s=0.0, max_queue=1)
     running = await hold(model, worker)
     waiting = asyncio.create_task(worker.submit(1))  # no room: the running final holds it
-    await asyncio.sleep(0.05)
+    await until(lambda: has_waiters(worker._room))
     worker.close()
     model.gate.set()
     async with asyncio.timeout(10):
@@ -237,7 +246,7 @@ async def test_a_dead_batching_loop_fails_its_requests_and_is_restarted() -> Non
     try:
         running = await hold(model, worker)
         queued = asyncio.create_task(worker.submit(1))
-        await asyncio.sleep(0.05)
+        await until(lambda: len(worker._finals) == 1)
         loop_task = worker._task
         assert loop_task is not None
         loop_task.cancel()  # stands in for a bug that ends the loop
@@ -256,11 +265,13 @@ async def test_a_dead_batching_loop_fails_its_requests_and_is_restarted() -> Non
 async def test_a_parallel_worker_runs_batches_side_by_side_finals_still_first() -> None:
     side_by_side = threading.Barrier(2, timeout=10)  # broken unless two batches run at once
     gate = threading.Event()
+    final_running = threading.Event()
 
     def model(batch: list[int]) -> list[int]:
         if batch[0] < 0:  # the two batches that must overlap
             side_by_side.wait()
         elif batch[0] == 5:  # a final held running
+            final_running.set()
             gate.wait(10)
         return [2 * x for x in batch]
 
@@ -269,7 +280,7 @@ async def test_a_parallel_worker_runs_batches_side_by_side_finals_still_first() 
         assert list(await asyncio.gather(worker.submit(-1), worker.submit(-2))) == [-2, -4]
         # While a final runs (and a thread is free), a partial is still refused.
         final = asyncio.create_task(worker.submit(5))
-        await asyncio.sleep(0.05)  # the final's batch is running
+        await asyncio.to_thread(final_running.wait, 10)  # the final's batch is running
         assert await worker.submit_partial(7) is None
         gate.set()
         assert await final == 10
@@ -306,7 +317,7 @@ async def test_slow_work_of_a_higher_rank_never_rides_in_nor_holds_up_a_batch() 
     try:
         held = await hold(model, worker)
         queued = [asyncio.create_task(worker.submit(x)) for x in (100, 1, 101, 2, 3)]
-        await asyncio.sleep(0)  # all queued behind the held batch
+        await until(lambda: len(worker._finals) == 5)  # all queued behind the held batch
         model.gate.set()
         results = await asyncio.gather(held, *queued)
     finally:

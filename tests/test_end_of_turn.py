@@ -33,6 +33,7 @@ from voice_agent.testing.scripted_llm import (
     engine_with_llm,
     make_llm,
 )
+from voice_agent.testing.waiting import until
 
 __all__ = ["peer"]  # the fixture
 RATE = 16_000
@@ -129,15 +130,13 @@ async def spoken_turns(
     await client.mic.play(audio, RATE)
     # The last turn is answered: wait for a reply done after its commit,
     # and a second more in case another turn was still being spoken.
+    await asyncio.wait_for(client.wait_for_type("input_audio_buffer.committed"), 30)
     for _ in range(30):
-        await asyncio.sleep(1.0)
         commits = [
             i for i, e in enumerate(client.events) if e["type"] == "input_audio_buffer.committed"
         ]
-        if not commits:
-            continue
         await asyncio.wait_for(client.wait_for_type("response.done", after=commits[-1]), 30)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # real time: a quiet second, or another turn's commit
         if not any(
             e["type"] == "input_audio_buffer.committed" for e in client.events[commits[-1] + 1 :]
         ):
@@ -335,13 +334,18 @@ class GatedTurnModel:
 
     def __init__(self) -> None:
         self.asked = 0
+        self.waiting = 0  # judgements inside completion() (at the gate, or leaving it)
         self.gate = asyncio.Event()
         self.probability = 0.99
 
     async def completion(self, audio: np.ndarray) -> float:
         self.asked += 1
-        await self.gate.wait()
-        return self.probability
+        self.waiting += 1
+        try:
+            await self.gate.wait()
+            return self.probability
+        finally:
+            self.waiting -= 1
 
     def close(self) -> None:
         pass
@@ -366,8 +370,15 @@ class Listener:
 
     async def say(self, audio: np.ndarray) -> None:
         self.session.push_audio(audio, from_track=False)
-        for _ in range(3):
-            await asyncio.sleep(0)  # a judgement asked for starts
+        # A judgement this asked for has reached the model (held at its gate,
+        # or, once released, answered and applied); one it cancelled has left.
+        await until(lambda: self._judging() == bool(self.model.waiting))
+
+    def _judging(self) -> bool:
+        """Whether the session's judge has a judgement in flight: it lets it
+        go in the step that applies its verdict."""
+        judge = self.session._judge
+        return judge is not None and judge._task is not None
 
     def _on_event(self, event: Any) -> None:
         self.events.append(event)
@@ -386,17 +397,18 @@ class Listener:
                 await self._ended.wait()
 
     async def words_heard(self) -> None:
-        """The pause's early transcript is in, and its callbacks have run."""
+        """The pause's early transcript is in, and the session has taken it:
+        its done-callback was added first, so it has run by the time this
+        wait's own one does."""
         speculation = self.session._speculation
         assert speculation is not None
-        await asyncio.wait_for(asyncio.shield(speculation.stt_task), 10)
-        for _ in range(3):
-            await asyncio.sleep(0)
+        done, _ = await asyncio.wait([speculation.stt_task], timeout=10)
+        assert done, "the pause's words never came"
 
     async def release(self) -> None:
+        """Let the model answer; returns once its verdict has been applied."""
         self.model.gate.set()
-        for _ in range(5):
-            await asyncio.sleep(0)  # the verdict's task runs, and its callback
+        await until(lambda: not self._judging() and not self.model.waiting)
 
 
 @pytest.fixture

@@ -30,10 +30,12 @@ def test_backchannels_are_told_from_words_that_take_the_turn() -> None:
 
 
 async def spoken_over_a_reply(
-    client: RealtimeClient, peer: ScriptedLlmServer, burst: np.ndarray
+    client: RealtimeClient, peer: ScriptedLlmServer, burst: np.ndarray, answered: bool
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Start a long reply, speak ``burst`` over it once it sounds; the
-    reply's response.done and every event from its start."""
+    reply's response.done and every event from its start: up to the start
+    of the reply to the burst when it is ``answered``, else up to a second
+    after the reply ended."""
     peer.add(Script(chat_text(LONG_REPLY)))
     peer.add(Script(chat_text("Alright.")))  # for a burst that is answered
     await ask(client, typed("Count to twelve."))
@@ -50,7 +52,16 @@ async def spoken_over_a_reply(
     for event in appended_audio(np.concatenate((burst, silence(1.0)))):
         client.send(event)
     finished = await asyncio.wait_for(done, 30)
-    await asyncio.sleep(1.0)  # any reply to the burst would have begun by now
+    if answered:
+
+        def the_bursts_reply(event: dict[str, Any]) -> bool:
+            kind, response_id = event["type"], event.get("response", {}).get("id")
+            return bool(kind == "response.created" and response_id != started["response_id"])
+
+        await asyncio.wait_for(client.wait_for(the_bursts_reply, after=mark), 30)
+    else:
+        # Real time: a second in which a reply to the burst would have begun.
+        await asyncio.sleep(1.0)
     return finished["response"], client.events[mark:]
 
 
@@ -58,7 +69,7 @@ async def spoken_over_a_reply(
 async def test_a_cough_pauses_the_reply_and_it_goes_on(
     call: RealtimeClient, peer: ScriptedLlmServer
 ) -> None:
-    response, events = await spoken_over_a_reply(call, peer, noise_burst(200, -25.0))
+    response, events = await spoken_over_a_reply(call, peer, noise_burst(200, -25.0), False)
     kinds = [e["type"] for e in events]
     assert "input_audio_buffer.speech_started" in kinds  # the VAD took it for speech
     assert response["status"] == "completed", response
@@ -69,7 +80,7 @@ async def test_a_cough_pauses_the_reply_and_it_goes_on(
 
 
 async def test_a_short_no_takes_the_turn(call: RealtimeClient, peer: ScriptedLlmServer) -> None:
-    response, events = await spoken_over_a_reply(call, peer, telephone_prompt("no"))
+    response, events = await spoken_over_a_reply(call, peer, telephone_prompt("no"), True)
     assert response["status"] == "cancelled", response
     assert response["status_details"]["reason"] == "turn_detected"
     heard = [
@@ -84,7 +95,7 @@ async def test_a_short_no_takes_the_turn(call: RealtimeClient, peer: ScriptedLlm
 async def test_long_speech_cancels_the_reply_before_it_ends(
     call: RealtimeClient, peer: ScriptedLlmServer
 ) -> None:
-    response, events = await spoken_over_a_reply(call, peer, librivox("0930"))
+    response, events = await spoken_over_a_reply(call, peer, librivox("0930"), True)
     assert response["status"] == "cancelled", response
     kinds = [e["type"] for e in events]
     # Cancelled on hearing 500 ms of speech, before the speech (4 s) ended.

@@ -32,7 +32,25 @@ def deltas(events: list[SessionEvent]) -> list[str]:
 
 async def feed(partials: PartialTranscripts, item: str, turn_ms: int) -> None:
     partials.on_audio(item, turn_ms, lambda: np.zeros(turn_ms * 16, dtype=np.int16))
+    # One step: a request this started (a task made ready before this one
+    # resumes) records its audio and waits for its answer.
     await asyncio.sleep(0)
+
+
+async def ended(task: asyncio.Task[str | None] | None) -> None:
+    """Wait until the request ``task`` has ended and the session has handled
+    its end: the session's done-callback was added first, so it has run by
+    the time this wait's own one does."""
+    assert task is not None, "no request in flight"
+    done, _ = await asyncio.wait([task], timeout=10)
+    assert done, "the request never ended"
+
+
+async def answer(partials: PartialTranscripts, stt: ScriptedRecogniser, text: str | None) -> None:
+    """Answer the request in flight with ``text``; returns once the session has taken it."""
+    task = partials._task
+    await stt.answers.put(text)
+    await ended(task)
 
 
 async def test_only_words_two_hypotheses_agree_on_are_sent_append_only() -> None:
@@ -49,8 +67,7 @@ async def test_only_words_two_hypotheses_agree_on_are_sent_append_only() -> None
     for index, text in enumerate(hypotheses):
         await feed(partials, "item_1", 500 * (index + 1))
         await feed(partials, "item_1", 500 * (index + 1) + 20)  # one in flight at most
-        await stt.answers.put(text)
-        await asyncio.sleep(0.01)
+        await answer(partials, stt, text)
     assert deltas(events) == ["he", " was not", " an ill"]
     assert stt.requests == [8000 * (i + 1) for i in range(len(hypotheses))]
     assert all(isinstance(e, UserTranscriptDelta) and e.item_id == "item_1" for e in events)
@@ -60,21 +77,19 @@ async def test_nothing_is_sent_after_the_turn_ends_or_when_skipped() -> None:
     stt, events = ScriptedRecogniser(), list[SessionEvent]()
     partials = PartialTranscripts(stt, 500, events.append, "sess")
     await feed(partials, "item_1", 500)
-    await stt.answers.put(None)  # skipped: the model was busy with finals
-    await asyncio.sleep(0.01)
+    await answer(partials, stt, None)  # skipped: the model was busy with finals
     await feed(partials, "item_1", 700)  # not yet another interval
     assert len(stt.requests) == 1
     await feed(partials, "item_1", 1000)
+    in_flight = partials._task
     partials.stop()  # the turn ends while that request is in flight (cancelled)
-    await asyncio.sleep(0.01)
+    await ended(in_flight)
     assert events == [] and len(stt.requests) == 2
     # A new turn starts from scratch.
     await feed(partials, "item_2", 500)
-    await stt.answers.put("go forward")
-    await asyncio.sleep(0.01)
+    await answer(partials, stt, "go forward")
     await feed(partials, "item_2", 1000)
-    await stt.answers.put("go forward ten")
-    await asyncio.sleep(0.01)
+    await answer(partials, stt, "go forward ten")
     assert deltas(events) == ["go forward"]
     assert partials.latency.count == 2
     assert stt.answers.empty()  # every hypothesis was asked for
@@ -85,8 +100,7 @@ async def test_a_result_that_lands_as_the_turn_ends_is_dropped() -> None:
     partials = PartialTranscripts(stt, 500, events.append, "sess")
     for text in ("go forward", "go forward ten"):
         await feed(partials, "item_1", 500 * (len(stt.requests) + 1))
-        await stt.answers.put(text)
-        await asyncio.sleep(0.01)
+        await answer(partials, stt, text)
     assert deltas(events) == ["go forward"]
     # The recogniser answers at once: the request has finished, but its
     # done-callback has not run yet when the turn ends.
@@ -95,7 +109,7 @@ async def test_a_result_that_lands_as_the_turn_ends_is_dropped() -> None:
     task = partials._task
     assert task is not None and task.done()
     partials.stop()
-    await asyncio.sleep(0.01)
+    await ended(task)
     assert deltas(events) == ["go forward"]  # " ten" is never sent
     assert partials.latency.count == 2 and len(stt.requests) == 3
     assert stt.answers.empty()
@@ -110,15 +124,14 @@ async def test_a_pause_cancels_the_partial_in_flight_and_none_runs_until_speech_
     # The user pauses: the speculative transcript covers the turn so far,
     # so this partial is obsolete and its work is given up.
     partials.pause()
-    await asyncio.sleep(0)
+    await ended(task)
     assert task.cancelled()
     await feed(partials, "item_1", 1200)  # the pause's silence: no partial of it
     assert len(stt.requests) == 1
     partials.resume()  # the user speaks on
     await feed(partials, "item_1", 1300)
     assert len(stt.requests) == 2 and stt.requests[-1] == 1300 * 16
-    await stt.answers.put("go forward ten")
-    await asyncio.sleep(0.01)
+    await answer(partials, stt, "go forward ten")
     assert partials.latency.count == 1
     # A pause never carries over to the next turn.
     partials.pause()

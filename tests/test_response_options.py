@@ -100,7 +100,7 @@ async def test_text_only_replies_have_text_events_and_no_audio(
     ):
         assert audio_event not in kinds
     assert "tts_first_audio_ms" not in response["metadata"]  # nothing was synthesised
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # real time: a while in which no sound may arrive
     assert client.received.first_sound_after(asked_at) is None
     # It is still in the conversation, as text.
     retrieved = await ask(

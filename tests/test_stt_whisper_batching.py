@@ -19,6 +19,14 @@ from voice_agent.testing.audio_data import librivox, reference, word_error_rate
 CLIPS = ["0930", "0880", "0890", "0920"]
 
 
+async def queued(stt: FasterWhisperStt) -> None:
+    """Until the request just submitted waits in the main model's queue (or
+    runs): a step or two of the event loop that no event marks."""
+    async with asyncio.timeout(10):
+        while not stt._worker.busy:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+
+
 @pytest.mark.models
 async def test_concurrent_finals_are_batched_and_heard_as_well_as_alone() -> None:
     stt = FasterWhisperStt("base", "en", 2, max_batch=8, batch_wait_ms=300)
@@ -41,7 +49,7 @@ async def test_speculation_is_shed_while_a_final_waits() -> None:
     stt = FasterWhisperStt("base", "en", 2, max_batch=1, batch_wait_ms=0)
     try:
         final = asyncio.create_task(stt.transcribe(librivox("0930")))
-        await asyncio.sleep(0)  # the final is queued (or running)
+        await queued(stt)
         assert await stt.transcribe_speculative(librivox("0880")) is None
         assert word_error_rate(reference("0930"), await final) <= 0.15
         # With nothing waiting, speculation runs.
@@ -73,8 +81,9 @@ async def test_a_speculation_dropped_while_it_is_encoded_is_never_decoded() -> N
         assert len(long) < 25 * 16000
         speculation = asyncio.create_task(stt.transcribe_speculative(long))
         # Nothing signals a batch's start, so the test looks for it.
-        while not stt.in_flight:  # noqa: ASYNC110
-            await asyncio.sleep(0.001)
+        async with asyncio.timeout(30):
+            while not stt.in_flight:  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
         speculation.cancel()  # the user spoke on
         with contextlib.suppress(asyncio.CancelledError):
             await speculation
@@ -118,7 +127,7 @@ async def test_partials_run_on_an_idle_priority_model_only_while_no_transcript_w
         assert stt.stats()["requests"]["partial"] == 0  # type: ignore[index]
         # While a transcript that matters is being made, no partial starts.
         final = asyncio.create_task(stt.transcribe(librivox("0930")))
-        await asyncio.sleep(0)
+        await queued(stt)
         assert await stt.transcribe_partial(librivox("0880")) is None
         assert word_error_rate(reference("0930"), await final) <= 0.15
         lane = stt.stats()["partial_lane"]

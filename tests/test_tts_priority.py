@@ -15,21 +15,26 @@ from voice_agent.backends.tts.piper_tts import PiperTts, default_voice_path
 async def test_urgent_jobs_jump_the_queue_and_cancelled_ones_never_run() -> None:
     worker = PriorityInferenceWorker("test")
     gate = threading.Event()
+    busy_running = threading.Event()
     ran: list[str] = []
 
     def job(name: str) -> str:
         if name == "busy":
+            busy_running.set()
             gate.wait(5)
         ran.append(name)
         return name
 
     try:
         busy = asyncio.create_task(worker.run(job, "busy"))
-        await asyncio.sleep(0.05)  # the thread holds "busy"; the rest must queue
+        await asyncio.to_thread(busy_running.wait, 5)  # the thread holds "busy"; the rest queue
         later = [asyncio.create_task(worker.run(job, f"later-{i}")) for i in range(2)]
         gone = asyncio.create_task(worker.run(job, "gone"))
         first = asyncio.create_task(worker.run(job, "first-words", urgent=True))
-        await asyncio.sleep(0)
+        async with asyncio.timeout(5):
+            # All four queued (their first steps): no event marks it.
+            while len(worker._normal) + len(worker._urgent) < 4:  # noqa: ASYNC110
+                await asyncio.sleep(0)
         gone.cancel()
         gate.set()
         assert await first == "first-words"

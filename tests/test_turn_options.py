@@ -41,7 +41,7 @@ async def test_without_create_response_a_turn_is_heard_but_not_answered(
         client.send(event)
     heard = await asyncio.wait_for(transcribed, 15)
     assert heard["transcript"].strip()
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # real time: a while in which no reply may start
     assert not client.of_type("response.created")
     assert peer.requests == []
     # The turn is in the conversation: the next reply asked for sees it.
