@@ -25,7 +25,7 @@ OBJECTS = [
     ("MediaStreamTrack", "tracks"),
     ("Call", "Call"),
     ("VoiceSession", "session"),
-    ("Response", "reply"),
+    ("Reply", "reply"),
 ]
 
 

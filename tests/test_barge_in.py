@@ -17,14 +17,14 @@ from voice_agent.session.events import (
     ResponseFinished,
     SessionEvent,
 )
-from voice_agent.session.response import ReplySettings, Response
+from voice_agent.session.reply import Reply, ReplySettings
 
 
 def make_response(
     engine: Engine, track: PacedAudioTrack, events: list[SessionEvent], conversation: Conversation
-) -> Response:
+) -> Reply:
     assert engine.models is not None
-    return Response(
+    return Reply(
         response_id="resp_test",
         item_id="item_test",
         messages=[

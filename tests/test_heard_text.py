@@ -12,7 +12,7 @@ from voice_agent.backends.base import ChatMessage, ToolCall, ToolChoice, ToolSpe
 from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.conversation import Conversation
 from voice_agent.session.events import ResponseFinished, SessionEvent
-from voice_agent.session.response import ReplySettings, Response
+from voice_agent.session.reply import Reply, ReplySettings
 
 WORD_SAMPLES = 4_321  # 90 ms at 48 kHz: pieces never end on a frame boundary
 
@@ -63,7 +63,7 @@ async def play_and_cut(text: str, frames: int) -> tuple[str, Conversation]:
     track = PacedAudioTrack(buffer_ms=2000)
     events: list[SessionEvent] = []
     conversation = Conversation("", 4)
-    response = Response(
+    response = Reply(
         "resp_1",
         "item_1",
         [ChatMessage("user", "hi")],

@@ -20,7 +20,7 @@ from voice_agent.session.events import (
     SessionError,
     SessionEvent,
 )
-from voice_agent.session.response import OUTPUT_FRAME_SAMPLES, PieceTag, ReplySettings, Response
+from voice_agent.session.reply import OUTPUT_FRAME_SAMPLES, PieceTag, Reply, ReplySettings
 from voice_agent.session.tools import ToolRegistry
 from voice_agent.testing.scripted_llm import (
     Script,
@@ -78,7 +78,7 @@ async def reply(
     conversation = Conversation("Be brief.", 4)
     conversation.add_user("What's the weather in Paris?")
     output = Recorder()
-    response = Response(
+    response = Reply(
         "resp_1",
         "item_1",
         conversation.messages_for(None),
@@ -251,7 +251,7 @@ async def test_cancelling_a_reply_hangs_up_on_the_llm(
         if isinstance(event, AssistantTextDelta):
             speaking.set()
 
-    response = Response(
+    response = Reply(
         "resp_1",
         "item_1",
         [ChatMessage("user", "A story, please.")],
@@ -293,8 +293,8 @@ async def test_a_playback_failure_stops_generation_and_lets_the_reply_close(
     peer.add(Script(text_events(api, *sentences), hang_after=len(sentences)))
     llm = make_llm(api, peer.base_url, read_timeout_s=30)
     events: list[SessionEvent] = []
-    closed: list[Response] = []
-    response = Response(
+    closed: list[Reply] = []
+    response = Reply(
         "resp_1",
         "item_1",
         [ChatMessage("user", "Talk, please.")],
@@ -328,7 +328,7 @@ class PlayingOutput(Recorder):
 
     def __init__(self) -> None:
         super().__init__()
-        self.response: Response | None = None
+        self.response: Reply | None = None
         self.draining = asyncio.Event()
 
     async def write(self, samples: np.ndarray, tag: Any = None) -> None:
@@ -355,7 +355,7 @@ async def barge_in_while_draining(
     conversation = Conversation("", 4)
     conversation.add_user("Where is my order?")
     output = PlayingOutput()
-    response = Response(
+    response = Reply(
         "resp_1",
         "item_1",
         conversation.messages_for(None),

@@ -15,7 +15,7 @@ from voice_agent.backends.base import ChatMessage, TtsBackend
 from voice_agent.backends.tts.piper_tts import PiperTts, default_voice_path
 from voice_agent.rtc.outbound import PacedAudioTrack
 from voice_agent.session.events import ResponseFinished, SessionEvent
-from voice_agent.session.response import LEAD_THRESHOLD, ReplySettings, Response
+from voice_agent.session.reply import LEAD_THRESHOLD, Reply, ReplySettings
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ async def frames_of_reply(text: str, tts: TtsBackend, trim_lead: bool) -> list[n
     """The reply's audio frames as the track sends them, until it ends."""
     track = PacedAudioTrack(buffer_ms=2000)
     events: list[SessionEvent] = []
-    response = Response(
+    response = Reply(
         "resp_1",
         "item_1",
         [ChatMessage("user", "hi")],
@@ -131,7 +131,7 @@ async def test_a_piece_whose_stream_broke_off_is_not_reported_as_heard() -> None
     text = "one two three four five six seven eight nine ten eleven twelve."
     track = PacedAudioTrack(buffer_ms=2000)
     events: list[SessionEvent] = []
-    response = Response(
+    response = Reply(
         "resp_1",
         "item_1",
         [ChatMessage("user", "hi")],

@@ -44,7 +44,7 @@ from voice_agent.cpu import (
 from voice_agent.session.endpointing import EAGERNESS, SERVER_EAGERNESS, JudgeStats
 from voice_agent.session.hearing import HearingStats
 from voice_agent.session.prefill import PrefillGate
-from voice_agent.session.response import ReplySettings
+from voice_agent.session.reply import ReplySettings
 from voice_agent.session.session import Models, SessionConfig
 from voice_agent.session.tools import ToolRegistry
 from voice_agent.stages.turns import TurnConfig

@@ -43,7 +43,7 @@ from voice_agent.memory import TRIMMER, heap_stats, trim_heap
 from voice_agent.rtc.call import Call
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.errors import error_response
-from voice_agent.session.response import Response
+from voice_agent.session.reply import Reply
 from voice_agent.session.session import VoiceSession
 
 # Counted with isinstance: MediaStreamTrack covers its subclasses (ours and
@@ -62,7 +62,7 @@ TRACKED: dict[str, type] = {
     "aioice.Connection": aioice.Connection,
     "Call": Call,
     "VoiceSession": VoiceSession,
-    "Response": Response,
+    "Reply": Reply,
 }
 
 BASELINE: web.AppKey[list[tracemalloc.Snapshot]] = web.AppKey("tracemalloc_baseline", list)

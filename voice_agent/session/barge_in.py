@@ -19,7 +19,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from voice_agent.session.response import AudioOutput, Response
+from voice_agent.session.reply import AudioOutput, Reply
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def is_backchannel(text: str) -> bool:
 
 @dataclass
 class _Held:
-    response: Response
+    response: Reply
     generation: int  # the user turn that paused it
 
 
@@ -56,7 +56,7 @@ class BargeIn:
         self.resumed = 0  # bursts that were not interruptions
         self.confirmed = 0  # paused replies the caller did interrupt
 
-    def hold(self, response: Response, generation: int) -> bool:
+    def hold(self, response: Reply, generation: int) -> bool:
         """Speech began over ``response``: pause it (True), or, with no
         minimum, leave the caller to cancel it now (False)."""
         if self.min_voiced_ms <= 0:
@@ -85,7 +85,7 @@ class BargeIn:
         held.response.cancel("turn_detected")  # flushes what was queued
         self._output.resume()
 
-    def finished(self, response: Response) -> None:
+    def finished(self, response: Reply) -> None:
         """``response`` ended some other way (cancelled by the client, a new
         reply): nothing is held any more, and the output plays again."""
         if self._held is not None and self._held.response is response:

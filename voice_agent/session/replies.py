@@ -11,7 +11,7 @@ output clearing, the server's goodbye, the track's frame feedback, and
 prefilling the LLM server (the history between turns, the caller's words
 so far during one). Apart because it is the output side of the session:
 the other parts decide *that* a reply is due, this one owns the
-``Response`` objects.
+``Reply`` objects.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from voice_agent.backends.base import ChatMessage, ToolChoice, ToolSpec
 from voice_agent.session.events import AssistantAudioCleared, SessionError
 from voice_agent.session.ids import new_id
 from voice_agent.session.metrics import TurnMetrics
-from voice_agent.session.response import PieceTag, Response
+from voice_agent.session.reply import PieceTag, Reply
 from voice_agent.session.state import SessionState
 
 # The session's parts log as the session: one logger name to filter and set levels on.
@@ -78,7 +78,7 @@ class Replies(SessionState):
         request: ResponseRequest | None = None,
         failure: SessionError | None = None,
         script: str | None = None,
-    ) -> Response:
+    ) -> Reply:
         request = request or ResponseRequest()
         reply = self.config.reply
         if request.max_output_tokens is not None:
@@ -91,7 +91,7 @@ class Replies(SessionState):
         if request.tools is not None:
             server = self.config.tools.specs if self.config.tools is not None else []
             tools = [*server, *request.tools]
-        response = Response(
+        response = Reply(
             response_id=new_id("resp"),
             item_id=new_id("item"),
             messages=messages,
@@ -120,7 +120,7 @@ class Replies(SessionState):
         response.closed_callbacks.append(self._live_responses.discard)
         return response
 
-    def _commit_reply(self, response: Response) -> None:
+    def _commit_reply(self, response: Reply) -> None:
         """Make ``response`` the one being given (the one before it is
         superseded) and let it start speaking."""
         if self._ending and response.script is None:
@@ -173,7 +173,7 @@ class Replies(SessionState):
         self._response.cancel(reason)
         return True
 
-    def say_goodbye(self, text: str) -> Response:
+    def say_goodbye(self, text: str) -> Reply:
         """The last reply of a call the server ends (a drain): the reply being
         given stops, these words are spoken (no LLM, outside the history),
         and nothing the caller says or asks starts another one. Its
@@ -212,7 +212,7 @@ class Replies(SessionState):
         ):
             response.frame_sent(tag)
 
-    def _on_response_finished(self, response: Response) -> None:
+    def _on_response_finished(self, response: Reply) -> None:
         self._barge_in.finished(response)
         if response is self._response:
             held, self._held_texts = self._held_texts, []

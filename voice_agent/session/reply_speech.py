@@ -25,7 +25,7 @@ from voice_agent.session.metrics import TurnMetrics, now
 from voice_agent.session.reply_pieces import Piece, ReplyPieces
 
 if TYPE_CHECKING:
-    from voice_agent.session.response import ReplySettings
+    from voice_agent.session.reply import ReplySettings
 
 # A reply's leading near-silence: below -40 dBFS (peak) is not heard yet;
 # 10 ms of it is kept so the onset is not clipped.
@@ -50,7 +50,7 @@ class SynthesisError(BackendError):
 
 
 class ReplySpeech:
-    """Speaks the reply's pieces (a mixin of ``Response``, over its state)."""
+    """Speaks the reply's pieces (a mixin of ``Reply``, over its state)."""
 
     audio: bool
     tts: TtsBackend

@@ -52,7 +52,7 @@ from voice_agent.session.metrics import Verdict
 from voice_agent.session.partials import PartialTranscripts
 from voice_agent.session.prefill import PrefillGate, RepliesWatched, SessionPrefills
 from voice_agent.session.replies import Replies, ResponseRequest
-from voice_agent.session.response import AudioOutput, ReplySettings, Response
+from voice_agent.session.reply import AudioOutput, Reply, ReplySettings
 from voice_agent.session.speculation import Speculating, Speculation
 from voice_agent.session.tools import ToolRegistry
 from voice_agent.session.user_turns import UserTurns
@@ -137,9 +137,9 @@ class VoiceSession(AudioIngest, EndOfTurn, Speculating, UserTurns, Replies, Conv
         self._item_id: str | None = None  # the user turn being spoken
         self._last_voiced_at: float | None = None
         self._speculation: Speculation | None = None
-        self._response: Response | None = None  # the reply being played
+        self._response: Reply | None = None  # the reply being played
         self._turn_tasks: set[asyncio.Task[None]] = set()
-        self._live_responses: set[Response] = set()
+        self._live_responses: set[Reply] = set()
         self._prefills = SessionPrefills(models.llm, self.id, config.prefill_gate)
         partials = config.partial_interval_ms > 0 and isinstance(models.stt, PartialTranscriber)
         prefills_words = partials and config.prefill and config.prefill_partials

@@ -21,7 +21,7 @@ from typing import Any
 from voice_agent.session.barge_in import is_backchannel
 from voice_agent.session.hearing import Heard
 from voice_agent.session.metrics import TurnMetrics, Verdict, now
-from voice_agent.session.response import Response
+from voice_agent.session.reply import Reply
 from voice_agent.session.state import SessionState
 from voice_agent.stages.turns import Paused
 
@@ -40,7 +40,7 @@ class Speculation:
 
     audio_end_ms: int
     stt_task: asyncio.Task[Heard | None]  # None: shed under load
-    response: Response | None = None
+    response: Reply | None = None
     metrics: TurnMetrics | None = None
     complete: Verdict | None = None  # the model's "complete", waiting for these words
 

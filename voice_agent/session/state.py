@@ -32,7 +32,7 @@ from voice_agent.session.input import ManualTurnBuffer, TurnDetection
 from voice_agent.session.metrics import TurnEndCause, TurnMetrics, Verdict
 from voice_agent.session.partials import PartialTranscripts
 from voice_agent.session.prefill import SessionPrefills
-from voice_agent.session.response import AudioOutput, Response
+from voice_agent.session.reply import AudioOutput, Reply
 from voice_agent.stages.turns import EndCandidate, Paused, TurnDetector, TurnEnded
 from voice_agent.stages.vad import SpeechDetector
 
@@ -69,9 +69,9 @@ class SessionState:
     _item_id: str | None
     _last_voiced_at: float | None
     _speculation: Speculation | None
-    _response: Response | None
+    _response: Reply | None
     _turn_tasks: set[asyncio.Task[None]]
-    _live_responses: set[Response]
+    _live_responses: set[Reply]
     _prefills: SessionPrefills
     _reply_llm: LlmBackend
     _deferred_reply: asyncio.Task[None] | None
@@ -123,9 +123,9 @@ class SessionState:
             request: ResponseRequest | None = None,
             failure: SessionError | None = None,
             script: str | None = None,
-        ) -> Response: ...
+        ) -> Reply: ...
 
-        def _commit_reply(self, response: Response) -> None: ...
+        def _commit_reply(self, response: Reply) -> None: ...
 
         # conversation_items
         def add_user_text(self, text: str, item_id: str | None = None) -> None: ...

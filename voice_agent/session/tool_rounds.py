@@ -38,14 +38,14 @@ from voice_agent.stages.text_chunker import TextChunker
 from voice_agent.stages.text_filter import SpokenTextFilter, strip_thinking
 
 if TYPE_CHECKING:
-    from voice_agent.session.response import ReplySettings
+    from voice_agent.session.reply import ReplySettings
 
 # The response's parts log as the response: one logger name to filter and set levels on.
-log = logging.getLogger("voice_agent.session.response")
+log = logging.getLogger("voice_agent.session.reply")
 
 
 class ToolRounds:
-    """Runs and records the reply's LLM rounds (a mixin of ``Response``,
+    """Runs and records the reply's LLM rounds (a mixin of ``Reply``,
     over its state)."""
 
     response_id: str

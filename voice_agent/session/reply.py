@@ -66,8 +66,8 @@ __all__ = [
     "OUTPUT_FRAME_SAMPLES",
     "AudioOutput",
     "PieceTag",
+    "Reply",
     "ReplySettings",
-    "Response",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ Status = Literal["in_progress", "completed", "cancelled", "failed"]
 
 
 @dataclass(eq=False)
-class Response(ToolRounds, ReplySpeech):
+class Reply(ToolRounds, ReplySpeech):
     response_id: str
     item_id: str
     messages: list[ChatMessage]
@@ -132,7 +132,7 @@ class Response(ToolRounds, ReplySpeech):
     reply: ReplySettings
     metrics: TurnMetrics = field(default_factory=TurnMetrics)
     status: Status = "in_progress"
-    on_finished: Callable[[Response], None] | None = None
+    on_finished: Callable[[Reply], None] | None = None
     tools: Sequence[ToolSpec] = ()
     tool_choice: ToolChoice = "auto"
     server_tools: ToolRegistry | None = None
@@ -166,7 +166,7 @@ class Response(ToolRounds, ReplySpeech):
         self._client_round: tuple[list[ChatMessage], list[ChatMessage], int] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Called once both of its tasks have stopped.
-        self.closed_callbacks: list[Callable[[Response], None]] = []
+        self.closed_callbacks: list[Callable[[Reply], None]] = []
         self._closed_reported = False
 
     # -- lifecycle -------------------------------------------------------
