@@ -219,7 +219,7 @@ async def test_signaling_answers_every_mutated_request_with_a_4xx_or_a_call(
     assert_none_logged(errors, 0)
     assert outcomes.get(201, 0) > 0 and outcomes.get(400, 0) > 0, outcomes  # not vacuous
     assert len(server.calls) == 0
-    assert_nothing_left(before)
+    await assert_nothing_left(before)
     await answers_a_real_call(server.url, http)
 
 
@@ -282,7 +282,7 @@ async def test_the_llm_proxy_answers_every_malformed_body_with_a_4xx(
         await fuzz(malformed_bodies)
         # Exactly the bodies answered 200 reached the model; nothing else did.
         assert 0 < forwarded == len(peer.requests) - requests_before
-        assert_nothing_left(before)
+        await assert_nothing_left(before)
 
 
 class Pacer:
@@ -408,7 +408,7 @@ async def test_fuzzed_data_channel_events_get_error_events_and_the_call_goes_on(
     await answers_aloud(client)
     await client.hangup(http)
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
-    assert_nothing_left(before)
+    await assert_nothing_left(before)
 
 
 KEY = "sk-fuzz-key-0123456789"
@@ -515,4 +515,4 @@ async def test_forged_keys_and_secrets_get_a_401_on_every_endpoint(
     await owned.hangup(http)
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
     del owned, client  # closed; held here, they would count as leaks
-    assert_nothing_left(before)
+    await assert_nothing_left(before)

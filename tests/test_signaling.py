@@ -309,7 +309,7 @@ async def test_fifty_bad_requests_leave_nothing_behind(
         assert status in (400, 413, 415)
     await asyncio.sleep(0.1)
     assert len(server.calls) == 0
-    assert_nothing_left(before)
+    await assert_nothing_left(before)
 
 
 async def test_a_malformed_offer_never_reaches_a_peer_connection(
