@@ -85,6 +85,7 @@ class Call(CallCore):
     ) -> None:
         contain_bad_messages()
         dtmf.install()
+        inline_decoding.ask_for_fec()
         self.pc = RTCPeerConnection(ice_configuration(settings))
         super().__init__(
             call_id,

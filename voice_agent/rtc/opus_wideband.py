@@ -15,6 +15,13 @@ before.
 An empty payload (a packet of padding only, which aiortc passes on) must
 never reach ``opus_decode``: libopus takes a zero length for a lost packet
 and conceals it for the whole buffer, 120 ms of invented audio.
+
+A packet that did not arrive is filled in by libopus itself, from what it
+knows of the stream, only ever for the lost frame's own length
+(``conceal``); the last one before a packet that did arrive is decoded from
+that packet's in-band FEC, a low-rate copy of the previous frame which a
+sender adds once the answer says ``useinbandfec=1`` (``recover``; libopus
+conceals instead when the packet carries none).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ log = logging.getLogger(__name__)
 SAMPLE_RATE = 16_000
 RTP_TIME_BASE = fractions.Fraction(1, 48_000)  # Opus's RTP clock, whatever the decoding rate
 MAX_PACKET_SAMPLES = 1920  # 120 ms at 16 kHz: Opus's longest packet
+GRANULE_SAMPLES = 40  # 2.5 ms at 16 kHz: Opus's shortest frame, and the unit of the others
 OPUS_OK = 0
 
 
@@ -86,6 +94,9 @@ def _libopus() -> ctypes.CDLL | None:
             ]
             lib.opus_decoder_destroy.restype = None
             lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
+            if hasattr(lib, "opus_packet_has_lbrr"):  # libopus 1.5 and later
+                lib.opus_packet_has_lbrr.restype = ctypes.c_int
+                lib.opus_packet_has_lbrr.argtypes = [ctypes.c_char_p, ctypes.c_int32]
         except (OSError, AttributeError):
             continue
         return lib
@@ -115,15 +126,47 @@ class WidebandOpusDecoder:
         self._release = weakref.finalize(self, lib.opus_decoder_destroy, handle)
 
     def decode(self, payload: bytes, timestamp: int) -> DecodedAudio:
-        if not self._release.alive:
-            raise OpusDecodeError("the decoder is closed")
         if not payload:
             raise OpusDecodeError("an empty payload is no Opus packet")
+        return self._decode(payload, MAX_PACKET_SAMPLES, False, timestamp)
+
+    def conceal(self, samples: int, timestamp: int) -> DecodedAudio:
+        """``samples`` (16 kHz) of a lost frame, invented by libopus's PLC."""
+        return self._decode(None, self._lost_length(samples), False, timestamp)
+
+    def recover(self, payload: bytes, samples: int, timestamp: int) -> DecodedAudio:
+        """The lost frame (``samples`` long) just before ``payload``, from
+        the FEC data in it; libopus conceals it when there is none. The
+        packet itself is still to be decoded afterwards."""
+        if not payload:
+            raise OpusDecodeError("an empty payload is no Opus packet")
+        return self._decode(payload, self._lost_length(samples), True, timestamp)
+
+    def has_fec(self, payload: bytes) -> bool | None:
+        """Whether ``payload`` carries FEC for the frame before it (None:
+        this libopus cannot tell)."""
+        if not hasattr(self._lib, "opus_packet_has_lbrr") or not payload:
+            return None
+        found = self._lib.opus_packet_has_lbrr(payload, len(payload))
+        return None if found < 0 else bool(found)
+
+    @staticmethod
+    def _lost_length(samples: int) -> int:
+        # libopus fills exactly the length asked for: a wrong one is a hole
+        # or invented audio in the caller's stream, so it is refused here.
+        if not 0 < samples <= MAX_PACKET_SAMPLES or samples % GRANULE_SAMPLES:
+            raise OpusDecodeError(f"no Opus frame is {samples} samples at 16 kHz")
+        return samples
+
+    def _decode(self, payload: bytes | None, limit: int, fec: bool, timestamp: int) -> DecodedAudio:
+        if not self._release.alive:
+            raise OpusDecodeError("the decoder is closed")
+        size = len(payload) if payload else 0
         decoded = self._lib.opus_decode(
-            self._handle, payload, len(payload), self._buffer.ctypes.data, MAX_PACKET_SAMPLES, 0
+            self._handle, payload, size, self._buffer.ctypes.data, limit, int(fec)
         )
         if decoded < 0:
-            raise OpusDecodeError(f"opus_decode failed ({decoded}) on a {len(payload)}-byte packet")
+            raise OpusDecodeError(f"opus_decode failed ({decoded}) on a {size}-byte packet")
         return DecodedAudio(self._buffer[:decoded].copy(), timestamp)
 
     def close(self) -> None:

@@ -1,0 +1,242 @@
+"""Packet-loss concealment for the caller's G.711 audio, in the manner of
+ITU-T G.711 Appendix I, before the VAD and the STT hear it.
+
+A lost packet left as a hole spliced out of the caller's audio makes the
+STT hear every syllable around it 20 ms shorter, its formant transitions
+cut; a zero-filled hole is a click in every word instead. Voiced
+speech is nearly periodic over a few tens of milliseconds, so the last
+pitch period repeated is a good guess for a short gap: what a phone's
+receiver does, and what Appendix I specifies for G.711, which has no
+concealment of its own.
+
+What is kept from Appendix I:
+
+- 48.75 ms of history (three of the longest pitch periods and a quarter);
+- the pitch period from the normalised autocorrelation of the last 20 ms,
+  over lags of 5 to 15 ms (200 Hz down to 67 Hz);
+- one period repeated for the first 10 ms of a loss, then the last two,
+  then the last three periods (a single period repeated for long sounds
+  buzzy; older periods make it sound like a voice);
+- a quarter-period overlap-add where the real signal hands over to the
+  repeated one, and at each of those switches;
+- from the second 10 ms on, a linear fade of 20 % per 10 ms: silence from
+  60 ms (a repeated guess held longer is a tone, which the VAD would take
+  for speech and the STT for a word);
+- an overlap-add from the repeated signal into the first good packet, a
+  quarter period plus 4 ms for every further 10 ms lost (up to 10 ms).
+
+The quarter-period overlap-add at the start rewrites the last samples
+before the loss, which therefore cannot have been passed on yet: every
+sample leaves DELAY (30 samples, 3.75 ms) late, the appendix's own delay.
+Positions stay exact (the caller of ``good``/``lost`` stamps the output
+with ``held``), only the hand-over is later.
+
+Gaps longer than MAX_CONCEALED_MS are no loss a listener fills in (a stream
+restarted, a pause in sending): the decoder does not conceal them
+(``restart``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+RATE = 8_000
+STEP = RATE // 100  # Appendix I's 10 ms: its schedule is counted in these
+PITCH_MIN = RATE // 200  # 5 ms: 200 Hz
+PITCH_MAX = RATE * 15 // 1000  # 15 ms: 67 Hz
+DELAY = PITCH_MAX // 4  # the longest quarter-period overlap-add: 3.75 ms
+HISTORY = 3 * PITCH_MAX + DELAY  # 48.75 ms
+CORRELATED = 2 * STEP  # the last 20 ms are matched against the lagged signal
+MAX_PERIODS = 3
+FADE_PER_STEP = 0.2  # from the second 10 ms on
+SILENT_AFTER = STEP + round(STEP / FADE_PER_STEP)  # 60 ms
+END_OVERLAP_STEP = RATE * 4 // 1000  # the end overlap grows 4 ms per 10 ms lost
+MAX_CONCEALED_MS = 120
+
+
+def _ramp(length: int) -> np.ndarray:
+    """Weights rising from 0 to 1 over ``length`` samples (neither end
+    reached: both signals count at every sample of the overlap)."""
+    return (np.arange(length, dtype=np.float64) + 0.5) / length
+
+
+def pitch_period(history: np.ndarray) -> int:
+    """The lag (in samples, PITCH_MIN to PITCH_MAX) at which the last 20 ms
+    best match the signal before them, by normalised cross-correlation:
+    without the normalisation a loud syllable one lag back would outweigh
+    the period itself."""
+    signal = history.astype(np.float64)
+    recent = signal[-CORRELATED:]
+    lags = np.arange(PITCH_MIN, PITCH_MAX + 1)
+    # Row i: the 20 ms that ended lags[i] samples before the end.
+    windows = np.lib.stride_tricks.sliding_window_view(signal[:-PITCH_MIN], CORRELATED)
+    lagged = windows[len(windows) - 1 - (lags - PITCH_MIN)]
+    energy = np.einsum("ij,ij->i", lagged, lagged)
+    score = (lagged @ recent) / np.sqrt(np.maximum(energy, 1e-9))
+    return int(lags[int(np.argmax(score))])
+
+
+class G711Concealer:
+    """One stream's 8 kHz samples in, the same delayed by DELAY out, lost
+    stretches filled in. ``good`` takes audio that arrived, ``lost`` the
+    length of audio that did not; both return the samples now ready, the
+    ``held`` newest ones kept back."""
+
+    def __init__(self) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
+        self._history = np.zeros(0, dtype=np.int16)  # newest last, DELAY of it unsent
+        self.held = 0  # samples at the end of the history not yet returned
+        self._erased = 0  # samples concealed in the loss in progress (0: none)
+        self._source: np.ndarray | None = None  # the periods repeated (None: too little history)
+        self._period = 0
+        self._overlap = 0
+        self._periods = 1  # how many of the last periods are repeated now
+        self._position = 0  # where in them the next sample comes from
+        self._fading = 0  # samples of the hand-over to more periods still to mix
+        self._old_periods = 1  # ...and the repetition being handed over from
+        self._old_position = 0
+
+    def good(self, samples: np.ndarray) -> np.ndarray:
+        """Audio that arrived (int16); after a loss its start is mixed with
+        the concealment's continuation, so the seam makes no click."""
+        if self._erased:
+            samples = self._merge(samples)
+        return self._append(samples)
+
+    def lost(self, count: int) -> np.ndarray:
+        """``count`` samples that never arrived, filled in."""
+        if count <= 0:
+            return np.zeros(0, dtype=np.int16)
+        if not self._erased:
+            self._begin()
+        return self._append(_to_int16(self._synthesise(count)))
+
+    def restart(self) -> np.ndarray:
+        """The held samples, and nothing remembered: what comes next is a
+        new stream (a gap too long to conceal, a timestamp jump)."""
+        rest = self.flush()
+        self._forget()
+        return rest
+
+    def flush(self) -> np.ndarray:
+        """The held samples: the stream has ended."""
+        rest = self._history[len(self._history) - self.held :].copy()
+        self.held = 0
+        return rest
+
+    # -- internals ----------------------------------------------------------
+    def _append(self, samples: np.ndarray) -> np.ndarray:
+        joined = np.concatenate((self._history, samples.astype(np.int16, copy=False)))
+        pending = self.held + len(samples)
+        ready = max(0, pending - DELAY)
+        start = len(joined) - pending
+        out = joined[start : start + ready]
+        self.held = pending - ready
+        self._history = joined[-HISTORY:]
+        return out
+
+    def _begin(self) -> None:
+        history = self._history.astype(np.float64)
+        if len(history) < CORRELATED + PITCH_MAX:
+            # The stream has barely started: nothing to repeat. Silence,
+            # and the audio after it fades in.
+            self._source = None
+            self._overlap = DELAY
+            return
+        period = pitch_period(history)
+        # The hand-over can only rewrite samples not yet passed on.
+        overlap = min(period // 4, self.held)
+        periods = min(MAX_PERIODS, (len(history) - overlap) // period)
+        source = history[-(periods * period + overlap) :].copy()
+        if overlap:
+            # The real signal's last quarter period fades into the one a
+            # period before it, so that it ends where a repetition of the
+            # last period starts: no step at the seam, nor at each wrap.
+            rise = _ramp(overlap)
+            end = len(source)
+            source[end - overlap :] = (
+                source[end - overlap :] * (1 - rise)
+                + source[end - period - overlap : end - period] * rise
+            )
+            self._history[-overlap:] = _to_int16(source[end - overlap :])
+        self._source = source[overlap:] if overlap else source  # whole periods
+        self._period, self._overlap, self._periods = period, max(overlap, 1), 1
+        self._position = (periods - 1) * period  # the start of the last period
+        self._fading = 0
+
+    def _repeat(self, periods: int, position: int, count: int) -> tuple[np.ndarray, int]:
+        """``count`` samples of the last ``periods`` periods, repeated from
+        ``position`` (an index into all of them), and where that ends."""
+        assert self._source is not None
+        span = periods * self._period
+        offset = len(self._source) - span
+        index = offset + (position - offset + np.arange(count)) % span
+        return self._source[index], offset + (position - offset + count) % span
+
+    def _synthesise(self, count: int) -> np.ndarray:
+        out = np.zeros(count, dtype=np.float64)
+        done = 0
+        while done < count:
+            erased = self._erased
+            if erased >= SILENT_AFTER or self._source is None:
+                self._erased += count - done
+                break
+            boundary = next(b for b in (STEP, 2 * STEP, SILENT_AFTER) if b > erased)
+            length = min(count - done, boundary - erased)
+            piece, self._position = self._repeat(self._periods, self._position, length)
+            if self._fading:
+                mixed = min(length, self._fading)
+                old, self._old_position = self._repeat(self._old_periods, self._old_position, mixed)
+                rise = _ramp(self._overlap)[self._overlap - self._fading :][:mixed]
+                piece[:mixed] = old * (1 - rise) + piece[:mixed] * rise
+                self._fading -= mixed
+            out[done : done + length] = piece * _gain(erased, length)
+            done += length
+            self._erased += length
+            if self._erased in (STEP, 2 * STEP):
+                self._more_periods()
+        return out
+
+    def _more_periods(self) -> None:
+        """Older periods join the repetition; the same place one period
+        further back is where it goes on, mixed in over a quarter period."""
+        assert self._source is not None
+        available = len(self._source) // self._period
+        if self._periods >= min(MAX_PERIODS, available):
+            return
+        self._old_periods, self._old_position = self._periods, self._position
+        self._periods += 1
+        self._position -= self._period
+        self._fading = self._overlap
+
+    def _merge(self, samples: np.ndarray) -> np.ndarray:
+        """The first good audio after a loss, its start mixed with the
+        concealment going on: longer losses get a longer hand-over, their
+        guess having drifted further from the real signal."""
+        lost_steps = -(-self._erased // STEP)
+        length = min(len(samples), STEP, self._overlap + END_OVERLAP_STEP * max(0, lost_steps - 1))
+        if length:
+            going_on = self._synthesise(length)
+            rise = _ramp(length)
+            mixed = samples.astype(np.float64)
+            mixed[:length] = going_on * (1 - rise) + mixed[:length] * rise
+            samples = _to_int16(mixed)
+        self._erased = 0
+        self._fading = 0
+        return samples
+
+
+def _gain(erased: int, count: int) -> np.ndarray | float:
+    """The fade for ``count`` samples from ``erased`` into a loss: none in
+    the first 10 ms, then 20 % less every 10 ms."""
+    if erased + count <= STEP:
+        return 1.0
+    at = erased + np.arange(count, dtype=np.float64)
+    return np.clip(1.0 - FADE_PER_STEP * (at - STEP) / STEP, 0.0, 1.0)
+
+
+def _to_int16(samples: np.ndarray) -> np.ndarray:
+    rounded: np.ndarray = np.clip(np.rint(samples), -32768, 32767)
+    return rounded.astype(np.int16)
