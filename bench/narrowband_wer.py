@@ -6,7 +6,8 @@ real aiortc client offering only that codec, as a SIP gateway does, speaks
 each recording and reads the transcript from the data channel.
 
     .venv/bin/python bench/narrowband_wer.py
-    .venv/bin/python bench/narrowband_wer.py --stt parakeet
+    .venv/bin/python bench/narrowband_wer.py --verbose      # + what each misheard clip heard
+    .venv/bin/python bench/narrowband_wer.py -- --stt parakeet
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ async def transcribe(http: aiohttp.ClientSession, url: str, codec: str, clip: st
         await client.hangup(http)
 
 
-async def main(flags: list[str]) -> None:
+async def main(flags: list[str], verbose: bool = False) -> None:
     restrict_host_addresses(["127.0.0.1"])
     process, url = await start_server("--llm-base-url", "http://127.0.0.1:9/v1", *flags)
     try:
@@ -57,9 +58,18 @@ async def main(flags: list[str]) -> None:
         rates = [word_error_rate(reference(c), t) for c, t in zip(CLIPS, texts, strict=True)]
         cells = " | ".join(f"{r:.2f}" for r in rates)
         print(f"| {codec.split('/')[1]} | {cells} | {sum(rates) / len(rates):.3f} |")
+    if verbose:
+        print()
+        for codec, texts in rows.items():
+            for clip, text in zip(CLIPS, texts, strict=True):
+                if word_error_rate(reference(clip), text) > 0:
+                    print(f"{codec.split('/')[1]} {clip}: heard {text!r}")
+                    print(f"{' ' * len(codec.split('/')[1])} {clip}: said  {reference(clip)!r}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--verbose", action="store_true", help="each misheard clip's words")
     parser.add_argument("flags", nargs="*", help="more voice-agent serve flags, after --")
-    asyncio.run(main(parser.parse_args().flags))
+    args = parser.parse_args()
+    asyncio.run(main(args.flags, args.verbose))
