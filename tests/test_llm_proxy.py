@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import aiohttp
@@ -80,6 +81,9 @@ async def test_upstream_errors_reach_the_client_as_a_generic_message(
     status: int,
     code: str,
 ) -> None:
+    # Explicitly: a library loaded earlier in the session (NeMo's stack) can
+    # leave pytest's capture handlers above WARNING.
+    caplog.set_level(logging.WARNING, logger="voice_agent.server.llm_proxy")
     peer.add(Script(status=upstream))
     settings = conftest.test_settings(enable_llm_proxy=True)
     async with (
