@@ -74,11 +74,7 @@ async def press_digits(request: web.Request) -> web.StreamResponse:
     call_id = request.match_info["call_id"]
     if (refused := manager_refusal(request, call_id)) is not None:
         return refused
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    digits = body.get("digits") if isinstance(body, dict) else None
+    digits = await _body_field(request, "digits")
     if not isinstance(digits, str) or not 0 < len(digits) <= MAX_DIGITS or set(digits) - set(KEYS):
         return error_response(
             400,
@@ -97,15 +93,20 @@ async def hold_call(request: web.Request) -> web.StreamResponse:
     call_id = request.match_info["call_id"]
     if (refused := manager_refusal(request, call_id)) is not None:
         return refused
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    held = body.get("held") if isinstance(body, dict) else None
+    held = await _body_field(request, "held")
     if not isinstance(held, bool):
         return error_response(400, "invalid_hold", 'the body must be {"held": true or false}')
     answer = await request.app[PLACE].hold_call(call_id, held)
     return answer if answer is not None else _no_such_call()
+
+
+async def _body_field(request: web.Request, name: str) -> object:
+    """One field of a JSON object body; None when the body is no such object."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return None
+    return body.get(name) if isinstance(body, dict) else None
 
 
 def _no_such_call() -> web.Response:
