@@ -41,6 +41,7 @@ from voice_agent.cpu import (
     run_in_inference_thread,
     set_inference_nice,
 )
+from voice_agent.memory import give_back_free_heap
 from voice_agent.session.endpointing import EAGERNESS, SERVER_EAGERNESS, JudgeStats
 from voice_agent.session.hearing import HearingStats
 from voice_agent.session.prefill import PrefillGate
@@ -175,6 +176,8 @@ class Engine:
             self.models = self._linked_models(vad, turn, self.links)
             if s.preload and isinstance(turn, WarmsUp):
                 await turn.warm_up()
+            if s.malloc_trim:  # what loading read, joined and built, then freed
+                await give_back_free_heap()
             self._started = True
             log.info("worker engine ready", extra={"speech": self.links.speech_socket})
             return
@@ -187,6 +190,8 @@ class Engine:
             await self._warm_up()
         if self.llama is not None:
             self.llama.supervise()  # restarts from here on; a death before is fatal
+        if s.malloc_trim:  # 130-170 MB of the model process at ready
+            await give_back_free_heap()
         self._started = True
         log.info("engine ready", extra={"seconds": round(time.perf_counter() - started, 2)})
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
+from voice_agent.backends.runtime.onnx_options import session_from_bytes
+
 log = logging.getLogger(__name__)
 
 DECODER_INPUT_NODE = "/dec/conv_pre/Conv"
@@ -122,6 +124,4 @@ def split_voice(
 
 
 def _session(model: bytes, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:
-    return onnxruntime.InferenceSession(
-        model, sess_options=options, providers=["CPUExecutionProvider"]
-    )
+    return session_from_bytes(model, options)
