@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
 from voice_agent.backends.base import ChatMessage
 from voice_agent.engine import Engine
 from voice_agent.rtc.outbound import PacedAudioTrack
@@ -16,8 +18,13 @@ from voice_agent.session.events import (
     AssistantAudioStarted,
     ResponseFinished,
     SessionEvent,
+    UserSpeechStarted,
 )
 from voice_agent.session.reply import Reply, ReplySettings
+from voice_agent.session.session import VoiceSession
+from voice_agent.stages.turns import FRAME_SAMPLES
+from voice_agent.stages.vad import SpeechDetector
+from voice_agent.testing.audio_data import librivox, silence
 
 
 def make_response(
@@ -96,3 +103,35 @@ async def test_an_uncommitted_reply_is_dropped_without_a_trace(engine: Engine) -
     assert conversation.history == []
     assert track.buffered_frames == 0
     track.stop()
+
+
+async def test_speech_over_a_reply_pauses_it_before_the_turn_starts(engine: Engine) -> None:
+    """In a session: 60 ms of speech over the reply pause the track (the
+    turn starts at 100 ms), two quiet frames lift the pause and the reply
+    goes on; a switch to turns by hand mid-onset lifts it too."""
+    assert engine.models is not None
+    track = PacedAudioTrack()
+    events: list[SessionEvent] = []
+    session = VoiceSession(engine.models, engine.session_config(), track, events.append)
+    speech = SpeechDetector(engine.models.vad)
+    clip = librivox("0930")
+    frames = [clip[i : i + FRAME_SAMPLES] for i in range(0, len(clip), FRAME_SAMPLES)]
+    voiced = [speech.probability(f) >= session._detector.threshold for f in frames]
+    start = next(i for i in range(len(frames)) if all(voiced[i : i + 5]))
+    onset = np.concatenate(frames[start : start + 3])  # 60 ms, voiced throughout
+    try:
+        session.add_user_text("Tell me about the sea.")
+        assert session.create_response()
+        session.push_audio(onset, from_track=False)
+        assert track.paused
+        assert not any(isinstance(e, UserSpeechStarted) for e in events)  # no turn yet
+        session.push_audio(silence(0.04), from_track=False)
+        assert not track.paused  # a click: the reply goes on
+        assert session._response is not None and session._response.status == "in_progress"
+        session.push_audio(onset, from_track=False)
+        assert track.paused
+        session.set_turn_detection(None)  # push-to-talk from here
+        assert not track.paused
+    finally:
+        await session.close()
+        track.stop()

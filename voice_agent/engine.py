@@ -361,6 +361,7 @@ class Engine:
             judge_stats=self.end_of_turn,
             semantic=EAGERNESS[SERVER_EAGERNESS] if s.turn_detection == "semantic" else None,
             interrupt_min_ms=s.interrupt_min_ms,
+            barge_in_onset_ms=s.barge_in_onset_ms,
         )
 
     def _partial_interval_ms(self) -> int:

@@ -62,6 +62,14 @@ class ListeningSettings(BaseModel):
         "are not a backchannel (mm-hmm, yeah), cancels it, and a cough or an mm-hmm lets it "
         "go on. 0: any speech onset cancels the reply.",
     )
+    barge_in_onset_ms: int = Field(
+        60,
+        ge=20,
+        le=2000,
+        description="Speech over a reply this long pauses it, before the turn starts "
+        "(--speech-start-ms); a sound that stops sooner lifts the pause a frame later. As long "
+        "as --speech-start-ms: the pause waits for the turn (lines whose echo leaks in bursts).",
+    )
     vad_floor_dbfs: float = Field(
         -50.0, le=0, description="Frames quieter than this are silence, whatever the VAD says."
     )

@@ -2,9 +2,14 @@
 
 When the caller starts to speak over a reply, the reply is paused at once
 (the agent falls quiet within a frame of the onset, as if cut), not
-cancelled. It is cancelled when the speech proves to be an interruption:
-``min_voiced_ms`` of it, or words that are not a backchannel once the short
-turn is transcribed ("stop", "wait"). A burst that ends first with no words
+cancelled: after ``onset_frames`` voiced frames (3 by default), before the
+turn has started (``speech_start_ms``, 100 ms), so a real interruption is
+met 40 ms sooner; a click that stops before the turn starts (two quiet
+frames in a row: the detector, which forgives one, cannot start a turn on
+it then) resumes it.
+It is cancelled when the speech proves to be an interruption:
+``min_voiced_ms`` of it, or words that are not a backchannel once the
+short turn is transcribed ("stop", "wait"). A burst that ends first with no words
 (a cough, a click, a breath) or with only a backchannel ("mm-hmm", "yeah")
 is not an interruption: the reply goes on from where it paused, and that
 burst is not answered. The burst's first pause is when it is first judged:
@@ -48,19 +53,59 @@ class _Held:
 class BargeIn:
     """One session's paused reply, if any, and the rule that decides it."""
 
-    def __init__(self, output: AudioOutput, min_voiced_ms: int, session_id: str) -> None:
+    def __init__(
+        self, output: AudioOutput, min_voiced_ms: int, session_id: str, onset_frames: int = 3
+    ) -> None:
         self._output = output
+        # Voiced 20 ms frames in a row over a reply that pause it, before the
+        # turn they may start is certain.
+        self.onset_frames = max(1, onset_frames)
         self.min_voiced_ms = min_voiced_ms  # 0: any speech onset cancels at once
         self._session_id = session_id
         self._held: _Held | None = None
+        self._onset_frames = 0  # voiced frames in a row over the reply, before a turn
+        self._onset_quiet = 0  # then quiet frames in a row
+        self._onset_paused = False  # paused by them, no turn started yet
+        self.onsets_lifted = 0  # onset pauses no turn followed (clicks, echo bursts)
         self.resumed = 0  # bursts that were not interruptions
         self.confirmed = 0  # paused replies the caller did interrupt
+
+    def onset_frame(self, voiced: bool) -> None:
+        """A frame heard while no turn is under way (``voiced``: speech over
+        a reply). ``onset_frames`` in a row pause the reply; two quiet
+        frames in a row lift that pause (no turn started: a click, a breath)."""
+        if self.min_voiced_ms <= 0 or self._held is not None:
+            return
+        if voiced:
+            self._onset_frames += 1
+            self._onset_quiet = 0
+            if self._onset_frames >= self.onset_frames and not self._onset_paused:
+                self._onset_paused = True
+                self._output.pause()
+            return
+        self._onset_quiet += 1
+        if self._onset_quiet >= 2 or not self._onset_paused:
+            self._onset_frames = 0
+        if self._onset_quiet >= 2 and self._onset_paused:
+            self.onsets_lifted += 1
+            log.debug("onset pause lifted: no turn", extra={"session": self._session_id})
+            self.lift_onset()
+
+    def lift_onset(self) -> None:
+        """The onset's pause is over: no turn came of it (or none will be
+        detected: turns are taken by hand now)."""
+        self._onset_frames = self._onset_quiet = 0
+        if self._onset_paused:
+            self._onset_paused = False
+            self._output.resume()
 
     def hold(self, response: Reply, generation: int) -> bool:
         """Speech began over ``response``: pause it (True), or, with no
         minimum, leave the caller to cancel it now (False)."""
         if self.min_voiced_ms <= 0:
             return False
+        self._onset_frames = self._onset_quiet = 0  # the turn's hold from here
+        self._onset_paused = False
         if self._held is None:
             self._output.pause()
             self._held = _Held(response, generation)
@@ -88,12 +133,14 @@ class BargeIn:
     def finished(self, response: Reply) -> None:
         """``response`` ended some other way (cancelled by the client, a new
         reply): nothing is held any more, and the output plays again."""
+        self.lift_onset()
         if self._held is not None and self._held.response is response:
             self._held = None
             self._output.resume()
 
     def release(self, why: str) -> None:
         """Not an interruption: the reply goes on from where it paused."""
+        self.lift_onset()
         held, self._held = self._held, None
         if held is None:
             return

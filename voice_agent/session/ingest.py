@@ -58,6 +58,9 @@ class AudioIngest(SessionState):
             if detection is None:
                 self._manual.push(frame, voiced)
                 continue
+            if not self._detector.in_turn:
+                replying = detection.interrupt_response and self._replying()
+                self._barge_in.onset_frame(voiced and replying)
             for event in self._detector.push(frame, probability):
                 self._handle(event)
             if self._detector.in_turn and self._barge_in.heard_enough(self._detector.voiced_ms):

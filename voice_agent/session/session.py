@@ -56,7 +56,7 @@ from voice_agent.session.reply import AudioOutput, Reply, ReplySettings
 from voice_agent.session.speculation import Speculating, Speculation
 from voice_agent.session.tools import ToolRegistry
 from voice_agent.session.user_turns import UserTurns
-from voice_agent.stages.turns import TurnConfig, TurnDetector
+from voice_agent.stages.turns import FRAME_MS, TurnConfig, TurnDetector
 from voice_agent.stages.vad import SpeechDetector
 
 # The transport and the protocol import these from here.
@@ -106,6 +106,7 @@ class SessionConfig:
     # Speech over a reply pauses it; this much of it (or words that are not
     # a backchannel) cancels it. 0: any speech onset cancels at once.
     interrupt_min_ms: int = 500
+    barge_in_onset_ms: int = 60
 
 
 class VoiceSession(AudioIngest, EndOfTurn, Speculating, UserTurns, Replies, ConversationItems):
@@ -132,7 +133,9 @@ class VoiceSession(AudioIngest, EndOfTurn, Speculating, UserTurns, Replies, Conv
                 models.turn, config.judge_stats or JudgeStats(), self.id, config.judge_timeout_s
             )
         self._verdict: Verdict | None = None  # the turn in progress's last
-        self._barge_in = BargeIn(output, config.interrupt_min_ms, self.id)
+        self._barge_in = BargeIn(
+            output, config.interrupt_min_ms, self.id, config.barge_in_onset_ms // FRAME_MS
+        )
         self._pending = np.zeros(0, dtype=np.int16)
         self._item_id: str | None = None  # the user turn being spoken
         self._last_voiced_at: float | None = None
