@@ -17,6 +17,7 @@ import pytest
 
 from tests import conftest
 from tests.scripted_call import peer
+from voice_agent.backends.base import WordsBackend
 from voice_agent.backends.turn.smart_turn import SmartTurn, SmartTurnFeatures, packaged_weights
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import Engine
@@ -352,17 +353,17 @@ class GatedTurnModel:
 
 
 class Listener:
-    """A session with the gated model, fed audio by hand; its events kept."""
+    """A session with the gated model, fed audio by hand; its events kept.
+    No words judge unless one is given: the model's verdicts alone decide."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, words: WordsBackend | None = None) -> None:
         assert engine.models is not None
         self.model = GatedTurnModel()
         self.events: list[Any] = []
         self._ended = asyncio.Event()
         config = replace(engine.session_config(), semantic=EAGERNESS["auto"])
-        self.session = VoiceSession(
-            replace(engine.models, turn=self.model), config, PacedAudioTrack(), self._on_event
-        )
+        models = replace(engine.models, turn=self.model, words=words)
+        self.session = VoiceSession(models, config, PacedAudioTrack(), self._on_event)
         # Turns only: no replies, so only the turn-taking is at work.
         detection = self.session.turn_detection
         assert detection is not None and detection.semantic is not None

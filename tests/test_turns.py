@@ -159,3 +159,39 @@ def test_end_after_silence_ends_this_turn_sooner_and_only_this_turn() -> None:
             if isinstance(event, TurnEnded):
                 ends.append(event.silence_ms)
     assert ends == [500, 2000]
+
+
+def test_end_after_silence_for_this_pause_only_lapses_when_the_caller_speaks_again() -> None:
+    # A pause mid-sentence (0.6 s put there, with the clip's own quiet end
+    # under 1.2 s), then the rest and a long silence: the
+    # shorter end set at the first pause (as the words judge's split cap)
+    # must not end the turn at the second.
+    speech = librivox("0930")
+    detector = TurnDetector(TurnConfig(turn_silence_ms=2000, judge_ms=200))
+    vad = SpeechDetector(WebRtcVad(3))
+    audio = np.concatenate((speech, silence(0.6), speech, silence(2.5)))
+    ends: list[int] = []
+    candidates = 0
+    for start in range(0, len(audio) - FRAME_SAMPLES + 1, FRAME_SAMPLES):
+        frame = audio[start : start + FRAME_SAMPLES]
+        for event in detector.push(frame, vad.probability(frame)):
+            if isinstance(event, EndCandidate):
+                candidates += 1
+                if candidates == 1:
+                    detector.end_after_silence(1200, this_pause=True)
+            if isinstance(event, TurnEnded):
+                ends.append(event.silence_ms)
+    # The pause stayed under the 1.2 s it was given; the end of the
+    # speech waited the full 2 s, not the lapsed 1.2 s.
+    assert ends == [2000]
+    # Set at the last pause instead, it ends the turn there.
+    detector.reset()
+    ends = []
+    for start in range(0, len(audio) - FRAME_SAMPLES + 1, FRAME_SAMPLES):
+        frame = audio[start : start + FRAME_SAMPLES]
+        for event in detector.push(frame, vad.probability(frame)):
+            if isinstance(event, EndCandidate) and start > len(audio) - 3 * 16_000:
+                detector.end_after_silence(1200, this_pause=True)
+            if isinstance(event, TurnEnded):
+                ends.append(event.silence_ms)
+    assert ends == [1200]

@@ -20,6 +20,7 @@ from voice_agent.backends.base import (
     TtsBackend,
     TurnBackend,
     VadBackend,
+    WordsBackend,
     synthesize,
 )
 from voice_agent.backends.capabilities import ClosesAsync, PartialTranscriber, WarmsUp
@@ -34,6 +35,7 @@ from voice_agent.backends.llm.llama_server import (
 from voice_agent.backends.llm.weights import weights_for
 from voice_agent.backends.stt.hosted import HostedStt
 from voice_agent.backends.tts.hosted import hosted as hosted_tts
+from voice_agent.backends.turn.words import words_judge
 from voice_agent.config import Settings
 from voice_agent.cpu import (
     default_threads,
@@ -82,6 +84,7 @@ class SharedModelLinks:
     # The model process's voices, the default first, and its TTS backend's name.
     tts_voices: tuple[str, ...] = ()
     tts_backend: str = "piper"
+    words_url: str | None = None  # the embedded LLM, for the end-of-turn words judge
 
 
 class Engine:
@@ -173,7 +176,8 @@ class Engine:
             turn = await asyncio.to_thread(registry.create, "turn", s.turn_backend, s)
         if self.links is not None:
             assert turn is not None
-            self.models = self._linked_models(vad, turn, self.links)
+            words = await words_judge(self.links.words_url)
+            self.models = self._linked_models(vad, turn, words, self.links)
             if s.preload and isinstance(turn, WarmsUp):
                 await turn.warm_up()
             if s.malloc_trim:  # what loading read, joined and built, then freed
@@ -185,7 +189,8 @@ class Engine:
         stt: SttBackend = await run_in_inference_thread(registry.create, "stt", s.stt, s)
         tts: TtsBackend = await run_in_inference_thread(registry.create, "tts", s.tts, s)
         llm = await self.start_llm()
-        self.models = Models(vad=vad, stt=stt, tts=tts, llm=llm, turn=turn)
+        words = await words_judge(self._words_url() if turn is not None else None)
+        self.models = Models(vad=vad, stt=stt, tts=tts, llm=llm, turn=turn, words=words)
         if s.preload:
             await self._warm_up()
         if self.llama is not None:
@@ -195,12 +200,19 @@ class Engine:
         self._started = True
         log.info("engine ready", extra={"seconds": round(time.perf_counter() - started, 2)})
 
-    def _linked_models(self, vad: VadBackend, turn: TurnBackend, links: SharedModelLinks) -> Models:
+    def _linked_models(
+        self,
+        vad: VadBackend,
+        turn: TurnBackend,
+        words: WordsBackend | None,
+        links: SharedModelLinks,
+    ) -> Models:
         """A worker's models: its own VAD (per-frame, tiny), the rest shared."""
         s = self.settings
         self.llm_config = HttpLlmConfig(**links.llm)
         llm: LlmBackend = registry.create("llm", s.llm_backend, self.llm_config)
         return Models(
+            words=words,
             vad=vad,
             stt=HostedStt(links.speech_socket, links.partial_interval_ms, s.stt_timeout_s),
             tts=hosted_tts(
@@ -225,6 +237,7 @@ class Engine:
             model_name=self.model_name,
             voice_name=self.voice_name,
             tts_voices=tuple(self.models.tts.voices()),
+            words_url=self._words_url(),
             tts_backend=self.models.tts.name,
         )
 
@@ -364,6 +377,17 @@ class Engine:
             barge_in_onset_ms=s.barge_in_onset_ms,
         )
 
+    def _words_url(self) -> str | None:
+        """Where the end-of-turn words judge asks: the embedded LLM, whose
+        llama.cpp server gives next-token probabilities (a remote endpoint
+        may not, and would bill each pause)."""
+        s = self.settings
+        if not s.turn_words or self.llama is None or s.llama_server_command:
+            return None
+        if s.llama_model_path:  # the thresholds were set on the packaged model's answers
+            return None
+        return self.llama.base_url
+
     def _partial_interval_ms(self) -> int:
         """The setting, or else the STT backend's own default (0 = off)."""
         if self.settings.stt_partial_interval_ms is not None:
@@ -375,6 +399,8 @@ class Engine:
         if self.models is not None:
             if self.models.turn is not None:
                 self.models.turn.close()
+            if self.models.words is not None:
+                await self.models.words.close()
             if isinstance(self.models.stt, ClosesAsync):
                 await self.models.stt.aclose()
             else:

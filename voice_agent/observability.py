@@ -49,6 +49,12 @@ END_OF_TURN_PROBABILITY = Histogram(
     "End-of-turn model: probability that the turn was complete (answered turns' last verdict).",
     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
 )
+END_OF_TURN_WORDS = Histogram(
+    "voice_agent_end_of_turn_words_probability",
+    "End-of-turn words judge: probability that a sentence ends where the words stopped "
+    "(answered turns' last verdict, where the words were read).",
+    buckets=(0.01, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0),
+)
 ERRORS = Counter(
     "voice_agent_session_errors", "Errors told to callers (LLM, STT, TTS), by code.", ["code"]
 )
@@ -80,3 +86,6 @@ def _observe_end_of_turn(record: dict[str, float | str | None]) -> None:
     probability = record["end_of_turn_probability"]
     if isinstance(probability, float | int):
         END_OF_TURN_PROBABILITY.observe(probability)
+    words = record["end_of_turn_words_probability"]
+    if isinstance(words, float | int):
+        END_OF_TURN_WORDS.observe(words)

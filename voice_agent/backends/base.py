@@ -46,6 +46,17 @@ class TurnBackend(Protocol):
     def close(self) -> None: ...
 
 
+class WordsBackend(Protocol):
+    """Reads a transcript for the end of turn: how likely a sentence ends
+    where its words stop (0-1)."""
+
+    name: str
+
+    async def completion(self, text: str) -> float: ...
+
+    async def close(self) -> None: ...
+
+
 class SttBackend(Protocol):
     name: str
 

@@ -46,6 +46,14 @@ class ListeningSettings(BaseModel):
         "what its judgements cost one by one (~50 ms each on 2 cores), so 1 answers the first "
         "pause soonest; more suits an accelerator.",
     )
+    turn_words: bool = Field(
+        True,
+        description="Semantic turns: the embedded LLM reads the words of a pause the model "
+        "judged incomplete (how likely a sentence ends there); a whole sentence ends the "
+        "turn after a split cap (1200 ms at medium eagerness) rather than the cap. Only with the "
+        "embedded LLM on its packaged model (no --llm-base-url, --llama-model-path or "
+        "--llama-server-command).",
+    )
     turn_judge_timeout_ms: int = Field(
         400,
         ge=20,

@@ -6,9 +6,13 @@ only for the pause it judged. "complete" ends the turn once the pause's
 early transcript is in, unless the words dangle ("my number is"): then it
 becomes "unfinished". No verdict leaves the turn to the fixed silence;
 "incomplete" and "unfinished" let it go on, to the silence cap or the
-caller's next pause. Apart because it is the one place the session decides
-*when* a turn ends on a model's word; the model and its dangling-word rule
-live in ``endpointing``.
+caller's next pause. With a words judge (a language model reading the
+early transcript), an "incomplete" whose words read as a whole sentence
+ends the pause after the shorter split cap instead: a reader whose voice
+stayed up at the end of a sentence is answered sooner than the cap.
+Apart because it is the one place the session decides *when* a turn ends
+on a model's word; the model and its dangling-word rule live in
+``endpointing``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from voice_agent.session.endpointing import words_unfinished
+from voice_agent.session.endpointing import WORDS_LIKELY, words_unfinished
 from voice_agent.session.hearing import Heard
 from voice_agent.session.metrics import Verdict
 from voice_agent.session.speculation import succeeded
@@ -37,48 +41,88 @@ class EndOfTurn(SessionState):
         generation = self._generation
         self._judge.judge(event, detection.semantic, lambda v: self._judged(v, generation))
 
-    def _judged(self, verdict: Verdict, generation: int) -> None:
-        """The model's verdict, applied only to the pause it judged: not
-        once the caller has spoken again, the turn has ended, or the
-        session no longer takes semantic turns."""
+    def _still_judging(self, verdict: Verdict, generation: int) -> bool:
+        """Whether a verdict still applies: the caller has not spoken again,
+        the turn goes on, and the session still takes semantic turns."""
         detection = self.turn_detection
-        if (
+        return not (
             self._closed
             or generation != self._generation
             or not self._detector.in_turn
             or self._detector.silence_ms < verdict.silence_ms
             or detection is None
             or detection.semantic is None
-        ):
+        )
+
+    def _judged(self, verdict: Verdict, generation: int) -> None:
+        """The model's verdict, applied only to the pause it judged."""
+        if not self._still_judging(verdict, generation):
             return
         self._verdict = verdict
-        if verdict.decision == "complete":
+        if verdict.decision in ("complete", "incomplete"):
             spec = self._speculation
             if spec is not None and not spec.stt_task.done():
-                spec.complete = verdict  # the words decide when they come
+                spec.verdict = verdict  # the words decide when they come
                 return
             early = spec.stt_task if spec is not None else None
             heard = early.result() if early is not None and succeeded(early) else None
-            self._end_if_words_finished(verdict, heard)
-        elif verdict.decision != "incomplete":
-            # No verdict: the fixed silence ends this turn, as without a model.
-            ended = self._detector.end_after_silence(detection.silence_ms)
-            if ended is not None:
-                self._on_turn_ended(ended, "silence")
+            self._apply_with_words(verdict, heard)
+            return
+        # No verdict: the fixed silence ends this turn, as without a model.
+        detection = self.turn_detection
+        assert detection is not None
+        ended = self._detector.end_after_silence(detection.silence_ms)
+        if ended is not None:
+            self._on_turn_ended(ended, "silence")
 
-    def _end_if_words_finished(self, verdict: Verdict, heard: Heard | None) -> None:
-        """The model's "complete", unless the pause's words end on one that
-        no sentence ends on: then the turn goes on (to the cap, or the next
-        pause). No words to check (shed, failed): the model decides."""
+    def _apply_with_words(self, verdict: Verdict, heard: Heard | None) -> None:
+        """The model's verdict with the pause's words. A "complete" whose
+        words end on one no sentence ends on becomes "unfinished" (the turn
+        goes on to the cap, or the next pause); otherwise it ends the turn.
+        An "incomplete" is read by the words judge, if there is one: words
+        that read as a whole sentence end the turn after the split cap
+        rather than the cap. No words to check (shed, failed): the model
+        decides."""
         detection = self.turn_detection
         if detection is None or detection.semantic is None:
             return  # the settings changed while the words came: the silence decides
-        if heard is not None and words_unfinished(heard.text):
-            assert self._judge is not None
-            self._judge.overruled()
-            self._verdict = dataclasses.replace(verdict, decision="unfinished")
-            log.debug("end of turn overruled by the words", extra={"session": self.id})
+        assert self._judge is not None
+        if verdict.decision == "complete":
+            if heard is not None and words_unfinished(heard.text):
+                self._judge.overruled()
+                self._verdict = dataclasses.replace(verdict, decision="unfinished")
+                log.debug("end of turn overruled by the words", extra={"session": self.id})
+                return
+            self._end_now()
             return
+        # Only words the checks trust (not Whisper's "Thank you." on a breath),
+        # and not dangling ones ("my number is"): the caller goes on.
+        words = heard.text if heard is not None and heard.settled else ""
+        if self._judge.words is not None and words.strip() and not words_unfinished(words):
+            generation = self._generation
+            self._judge.read_words(words, lambda p: self._words_read(verdict, p, generation))
+
+    def _words_read(self, verdict: Verdict, probability: float | None, generation: int) -> None:
+        """The voice heard the caller going on, the words read as a whole
+        sentence: the pause ends the turn after the shorter split cap."""
+        if not self._still_judging(verdict, generation):
+            return
+        detection = self.turn_detection
+        assert detection is not None and detection.semantic is not None
+        assert self._judge is not None
+        self._verdict = dataclasses.replace(verdict, words_probability=probability)
+        if probability is None or probability < WORDS_LIKELY:
+            return  # no answer, or both say the caller goes on: the cap
+        self._judge.count("words_hastened")
+        log.debug(
+            "voice and words disagree: the split cap ends this pause",
+            extra={"session": self.id, "words": probability},
+        )
+        ended = self._detector.end_after_silence(detection.semantic.split_cap_ms, this_pause=True)
+        if ended is not None:
+            self._on_turn_ended(ended, "silence")
+
+    def _end_now(self) -> None:
         ended = self._detector.end_turn()
         if ended is not None:
             self._on_turn_ended(ended, "model")

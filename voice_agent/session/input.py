@@ -26,10 +26,13 @@ _TAIL_FRAMES = 5
 class SemanticTurn:
     """An end-of-turn model judges each pause: at ``threshold`` or above
     the turn ends at once; below it, the turn ends after ``cap_ms`` of
-    silence unless the caller goes on."""
+    silence unless the caller goes on. Where the words read (a language
+    model's probability of a sentence ending there) disagree with the
+    voice, the pause ends the turn after ``split_cap_ms``."""
 
     threshold: float
     cap_ms: int
+    split_cap_ms: int
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ class Verdict:
     probability: float | None  # None: the model did not answer
     inference_ms: float  # asked to answered (queue and batch included)
     silence_ms: int  # the silence heard when the model was asked
+    # P(a sentence ends where the words stop), from a language model; None:
+    # not asked (no words judge, no words) or no answer.
+    words_probability: float | None = None
 
 
 @dataclass
@@ -70,6 +73,11 @@ class TurnMetrics:
                 else None
             ),
             "end_of_turn_inference_ms": verdict.inference_ms if verdict else None,
+            "end_of_turn_words_probability": (
+                round(verdict.words_probability, 3)
+                if verdict is not None and verdict.words_probability is not None
+                else None
+            ),
         }
 
     def spans(self) -> dict[str, float | None]:

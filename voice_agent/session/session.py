@@ -35,6 +35,7 @@ from voice_agent.backends.base import (
     TtsBackend,
     TurnBackend,
     VadBackend,
+    WordsBackend,
 )
 from voice_agent.backends.capabilities import PartialTranscriber
 from voice_agent.backends.runtime.durations import Durations
@@ -72,6 +73,7 @@ class Models:
     tts: TtsBackend
     llm: LlmBackend
     turn: TurnBackend | None = None  # the end-of-turn model; None: silence only
+    words: WordsBackend | None = None  # reads a pause's words for the end of turn
 
 
 @dataclass
@@ -130,7 +132,11 @@ class VoiceSession(AudioIngest, EndOfTurn, Speculating, UserTurns, Replies, Conv
         self._judge: EndOfTurnJudge | None = None
         if models.turn is not None and models.turn.semantic:
             self._judge = EndOfTurnJudge(
-                models.turn, config.judge_stats or JudgeStats(), self.id, config.judge_timeout_s
+                models.turn,
+                config.judge_stats or JudgeStats(),
+                self.id,
+                config.judge_timeout_s,
+                models.words,
             )
         self._verdict: Verdict | None = None  # the turn in progress's last
         self._barge_in = BargeIn(

@@ -6,7 +6,7 @@ generated and synthesised from them, unseen. If the pause becomes the end
 of the turn, that reply only has to be released; if they speak again, it is
 dropped. The early words also decide what waits on them: a burst over a
 paused reply (a backchannel ends at once, words take the turn) and a
-"complete" verdict that waited for them. Apart because it is the session's
+verdict that waited for them. Apart because it is the session's
 one piece of work done ahead of time, with its own lifetime (a pause) and
 its own way to be thrown away.
 """
@@ -42,7 +42,7 @@ class Speculation:
     stt_task: asyncio.Task[Heard | None]  # None: shed under load
     response: Reply | None = None
     metrics: TurnMetrics | None = None
-    complete: Verdict | None = None  # the model's "complete", waiting for these words
+    verdict: Verdict | None = None  # the model's verdict, waiting for these words
 
 
 class Speculating(SessionState):
@@ -76,9 +76,9 @@ class Speculating(SessionState):
             if heard.settled and heard.text and self._answers_turns():
                 assert spec.metrics is not None
                 spec.response = self._new_response(heard.text, spec.metrics)
-        if current and spec.complete is not None:
-            verdict, spec.complete = spec.complete, None
-            self._end_if_words_finished(verdict, heard)
+        if current and spec.verdict is not None:
+            verdict, spec.verdict = spec.verdict, None
+            self._apply_with_words(verdict, heard)
 
     def _decide_barge_in(self, heard: Heard) -> bool:
         """Speech over a paused reply has paused: its words so far decide.

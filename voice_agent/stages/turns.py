@@ -87,6 +87,7 @@ class TurnDetector:
         self._early_frames = max(1, min(config.early_ms, config.turn_silence_ms) // FRAME_MS)
         self._judge_frames = config.judge_ms // FRAME_MS  # 0: never
         self._turn_end_frames: int | None = None  # this turn only (end_after_silence)
+        self._pause_end_frames: int | None = None  # this pause only (end_after_silence)
         self._max_frames = int(config.max_turn_s * 1000 / FRAME_MS)
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, config.preroll_ms // FRAME_MS))
         self._recent: deque[bool] = deque(maxlen=self._start_frames)
@@ -130,14 +131,20 @@ class TurnDetector:
         """Offer pauses this long to an end-of-turn model; 0: never."""
         self._judge_frames = judge_ms // FRAME_MS
 
-    def end_after_silence(self, silence_ms: int) -> TurnEnded | None:
+    def end_after_silence(self, silence_ms: int, this_pause: bool = False) -> TurnEnded | None:
         """End the turn in progress once its silence reaches ``silence_ms``,
         whatever the set silence is: now (the turn returned) if it already
-        has, as when audio came faster than real time, else at that frame."""
+        has, as when audio came faster than real time, else at that frame.
+        ``this_pause``: only if the caller stays quiet; once they speak
+        again the set silence is back."""
         if not self._in_turn:
             return None
-        self._turn_end_frames = max(1, silence_ms // FRAME_MS)
-        if self._silent_frames >= self._turn_end_frames:
+        frames = max(1, silence_ms // FRAME_MS)
+        if this_pause:
+            self._pause_end_frames = frames
+        else:
+            self._turn_end_frames = frames
+        if self._silent_frames >= frames:
             return self.end_turn()
         return None
 
@@ -168,6 +175,7 @@ class TurnDetector:
         self._paused = False
         self._silent_frames = 0
         self._turn_end_frames = None
+        self._pause_end_frames = None
 
     def push(self, frame: np.ndarray, probability: float) -> list[TurnEvent]:
         """One 20 ms frame and its speech probability; returns what happened."""
@@ -204,6 +212,7 @@ class TurnDetector:
         events: list[TurnEvent] = []
         if voiced:
             self._silent_frames = 0
+            self._pause_end_frames = None
             self._voiced_frames += 1
             self._voiced_len = len(self._turn)
             if self._paused:
@@ -223,8 +232,9 @@ class TurnDetector:
         if self._judge_frames and self._silent_frames == self._judge_frames:
             events.append(EndCandidate(np.concatenate(self._turn), self._silent_frames * FRAME_MS))
         end_frames = self._end_frames
-        if self._turn_end_frames is not None:
-            end_frames = min(end_frames, self._turn_end_frames)
+        for shorter in (self._turn_end_frames, self._pause_end_frames):
+            if shorter is not None:
+                end_frames = min(end_frames, shorter)
         if self._silent_frames >= end_frames or len(self._turn) >= self._max_frames:
             events.append(
                 TurnEnded(
@@ -240,6 +250,7 @@ class TurnDetector:
             self._turn = []
             self._silent_frames = 0
             self._turn_end_frames = None
+            self._pause_end_frames = None
         return events
 
     def _end_ms(self) -> int:

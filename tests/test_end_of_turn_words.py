@@ -1,0 +1,149 @@
+"""The words' end of turn: the embedded LLM (SmolLM2-135M, the real one)
+reading how likely a sentence ends where a caller's words stop, and the
+session acting where the voice (Smart Turn's "incomplete") and the words
+(a whole sentence) disagree: the pause then ends the turn after the split
+cap (1.2 s at medium eagerness) instead of the 2 s cap."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from tests.test_end_of_turn import FINISHED, Listener
+from voice_agent.backends.turn.words import plain_words
+from voice_agent.engine import Engine
+from voice_agent.session.endpointing import EAGERNESS, WORDS_LIKELY
+from voice_agent.session.events import UserTurnCommitted
+from voice_agent.testing.audio_data import silence
+from voice_agent.testing.waiting import until
+
+SENTENCE = np.concatenate((FINISHED, silence(0.3)))  # then a pause the model judges
+SPLIT_CAP_S = EAGERNESS["auto"].split_cap_ms / 1000  # 1.2 s
+CAP_S = EAGERNESS["auto"].cap_ms / 1000  # 2 s
+
+
+async def test_the_embedded_llm_reads_where_a_sentence_ends(engine: Engine) -> None:
+    assert engine.models is not None and engine.models.words is not None
+    words = engine.models.words
+    for whole, cut in [
+        ("Please check the number and dial again.", "Please check."),
+        ("The conference is now muted.", "The conference."),
+        ("Your call cannot be completed as dialed.", "Your call cannot"),
+    ]:
+        # Whisper's own full stop after "Please check." is not what is read.
+        assert await words.completion(whole) >= WORDS_LIKELY, whole
+        assert await words.completion(cut) < 0.035, cut
+    assert await words.completion(" ... ") == 0.0  # no words: nothing asked
+    assert plain_words("Your pass-words, please!") == "your pass words please"
+
+
+class ScriptedWords:
+    """A words judge answering what the test says: the session's handling
+    of agreement and disagreement is what is tested (the real judge's
+    answers are, above)."""
+
+    name = "scripted-words"
+
+    def __init__(self, probability: float | None) -> None:
+        self.probability = probability  # None: it fails
+        self.asked: list[str] = []
+
+    async def completion(self, text: str) -> float:
+        self.asked.append(text)
+        if self.probability is None:
+            raise ConnectionError("the LLM server went away")
+        return self.probability
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+async def words() -> ScriptedWords:
+    return ScriptedWords(0.4)
+
+
+@pytest.fixture
+async def reader(engine: Engine, words: ScriptedWords) -> AsyncIterator[Listener]:
+    listener = Listener(engine, words)
+    yield listener
+    await listener.session.close()
+
+
+async def judged(listener: Listener, audio: np.ndarray, voice: float) -> None:
+    """Speak ``audio`` (ending in a pause); the model's verdict on that
+    pause (p = ``voice``) and the words judge's on its words, both applied."""
+    listener.model.probability = voice
+    await listener.say(audio)
+    await listener.release()
+    await listener.words_heard()
+    judge = listener.session._judge
+    assert judge is not None
+    await until(lambda: judge._task is None)
+
+
+def committed(listener: Listener) -> list[UserTurnCommitted]:
+    return listener.ended()
+
+
+async def test_a_sentence_the_voice_kept_up_ends_at_the_split_cap(
+    engine: Engine, reader: Listener, words: ScriptedWords
+) -> None:
+    hastened = engine.end_of_turn.decisions["words_hastened"]
+    # Incomplete, says the voice; a sentence, say the words (0.4).
+    await judged(reader, SENTENCE, voice=0.05)
+    assert words.asked and "dial" in words.asked[-1].lower()
+    await reader.say(silence(SPLIT_CAP_S - 0.3 - 0.1))
+    assert committed(reader) == []
+    await reader.say(silence(0.2))
+    assert len(committed(reader)) == 1  # at 1.2 s, not the 2 s cap
+    assert engine.end_of_turn.decisions["words_hastened"] == hastened + 1
+
+
+async def test_a_complete_verdict_is_not_held_for_the_words(
+    reader: Listener, words: ScriptedWords
+) -> None:
+    words.probability = 0.001  # were it asked: they stop mid-phrase
+    await judged(reader, SENTENCE, voice=0.99)
+    assert len(committed(reader)) == 1  # the voice's "complete" ends it at once
+    assert words.asked == []  # a finished sentence waits on no extra request
+
+
+async def test_voice_and_words_that_both_hear_more_wait_the_cap(
+    reader: Listener, words: ScriptedWords
+) -> None:
+    words.probability = 0.05
+    await judged(reader, SENTENCE, voice=0.05)
+    assert words.asked  # read, and the words too say the caller goes on
+    await reader.say(silence(CAP_S - 0.3 - 0.2))
+    assert committed(reader) == []  # 1.8 s: the 2 s cap stands
+    await reader.say(silence(0.3))
+    assert len(committed(reader)) == 1
+
+
+async def test_the_split_cap_lapses_when_the_caller_speaks_again(
+    reader: Listener, words: ScriptedWords
+) -> None:
+    await judged(reader, SENTENCE, voice=0.05)  # the split cap, for this pause
+    await reader.say(FINISHED)  # they go on before it runs out
+    words.probability = 0.05
+    await judged(reader, silence(0.3), voice=0.05)
+    await reader.say(silence(CAP_S - 0.3 - 0.2))
+    assert committed(reader) == []  # the lapsed 1.2 s does not end this pause
+    await reader.say(silence(0.3))
+    assert len(committed(reader)) == 1
+
+
+async def test_a_failing_words_judge_leaves_the_verdict_to_the_voice(
+    engine: Engine, reader: Listener, words: ScriptedWords
+) -> None:
+    failed = engine.end_of_turn.decisions["words_failed"]
+    words.probability = None
+    await judged(reader, SENTENCE, voice=0.05)
+    assert engine.end_of_turn.decisions["words_failed"] == failed + 1
+    await reader.say(silence(CAP_S - 0.3 - 0.2))
+    assert committed(reader) == []  # "incomplete" stands: the 2 s cap
+    await reader.say(silence(0.3))
+    assert len(committed(reader)) == 1
