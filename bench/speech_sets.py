@@ -216,6 +216,27 @@ def _cut_at_pauses(name: str, audio: np.ndarray, textgrid: Path) -> list[Utteran
     return cut
 
 
+# Short vocal sounds cut from takes no other set uses (their references
+# mix fillers with cut-off words): (take, start s, end s, what is said).
+FILLER_SOUNDS = [
+    ("mfa_uhuh", 2.56, 2.84, "uh"),
+    ("mfa_uhuh", 3.20, 3.55, "uh"),
+    ("mfa_uhum", 6.28, 6.54, "um"),
+]
+
+
+def filler_sounds() -> list[tuple[str, np.ndarray]]:
+    """Real fillers ("uh", "um", 0.16-0.25 s of voice), a speaker's own
+    level, as 16 kHz int16: what a listener says over a talker without
+    taking the turn."""
+    wavs = _fetch_mfa() / "data" / "wav"
+    sounds = []
+    for take, start, end, said in FILLER_SOUNDS:
+        audio = _decoded(wavs / f"{take}.flac")
+        sounds.append((said, audio[int(start * RATE) : int(end * RATE)]))
+    return sounds
+
+
 def mfa_utterances() -> list[Utterance]:
     tests = _fetch_mfa()
     conftest = (tests / "conftest.py").read_text()

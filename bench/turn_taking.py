@@ -12,6 +12,9 @@ each item to one and then the other, so noise on this host hits both.
   voice (end of the speech sent to the first sound received), p50 and p95.
 - Coughs over a reply: a 200 ms cough-like burst at -25 dBFS, 0.8 s into a
   reply. Counted: replies cancelled by it (false barge-ins).
+- Fillers over a reply: a recorded "uh" or "um" (0.16-0.25 s of a real
+  voice, bench/speech_sets.py), 0.8 s into a reply. Counted: replies
+  cancelled by it.
 - Interruptions over a reply: a whole prompt, 0.8 s into a reply. Counted:
   the time from the onset of the caller's speech to the reply's last sound
   received, and interruptions that did not stop it.
@@ -47,10 +50,15 @@ from voice_agent.testing.serving import servers_side_by_side
 # root, which the bench.* imports below are found from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.speech_sets import split_sets
+from bench.speech_sets import filler_sounds, split_sets
 
 RATE = 16_000
-ARMS = {"semantic": ["--turn-detection", "semantic"], "silence": ["--turn-detection", "silence"]}
+ARMS = {
+    "semantic": ["--turn-detection", "semantic"],
+    # The model's verdicts alone, without the embedded LLM reading the words.
+    "voice-only": ["--turn-detection", "semantic", "--no-turn-words"],
+    "silence": ["--turn-detection", "silence"],
+}
 PAUSES_S = (0.5, 1.0, 1.5)
 QUIET_S = 3.0  # after the speech: longer than the semantic cap, for a late reply
 LONG_REPLY = "Count slowly from one to thirty, one number a sentence."
@@ -80,6 +88,7 @@ class Tally:
     v2v_ms: list[float] = field(default_factory=list)
     unanswered: int = 0
     coughs: list[bool] = field(default_factory=list)  # the reply was cancelled
+    fillers: list[bool] = field(default_factory=list)  # the reply was cancelled
     stops_ms: list[float] = field(default_factory=list)
     not_stopped: int = 0
     no_long_reply: int = 0  # the reply to talk over never started (30 s), or had ended
@@ -153,12 +162,37 @@ def turn_details(events: list[dict[str, Any]]) -> str:
     return f"{' | '.join(said)}  [{', '.join(verdicts)}]"
 
 
-async def finished_turn(client: RealtimeClient, audio: np.ndarray) -> float | None:
+async def finished_turn(client: RealtimeClient, audio: np.ndarray) -> tuple[float | None, str]:
+    """Client voice-to-voice (None: no reply), and the server's account of
+    the turn: how it ended and where its time went."""
+    mark = len(client.events)
     speech_end = await client.mic.play(audio, RATE)
     await asyncio.sleep(QUIET_S)
     first = client.received.first_sound_after(speech_end)
-    await quiet(client)
-    return None if first is None else (first - speech_end) * 1000
+    await quiet(client)  # a reply still going ends, cancelled: its response.done
+    events = client.events[mark:]
+    return None if first is None else (first - speech_end) * 1000, timing_details(events)
+
+
+def timing_details(events: list[dict[str, Any]]) -> str:
+    """The first reply's end-of-turn wait, final transcript and first token
+    after the speech end (server clock), and its verdict."""
+    for event in events:
+        if event["type"] == "response.done":
+            meta = event["response"].get("metadata") or {}
+            fields = (
+                ("wait", "end_of_turn_delay_ms"),
+                ("stt", "stt_final_after_speech_end_ms"),
+                ("llm", "llm_first_token_after_speech_end_ms"),
+                ("tts", "tts_first_audio_after_speech_end_ms"),
+                ("v2v", "voice_to_voice_ms"),
+            )
+            times = " ".join(f"{name} {meta.get(key)}" for name, key in fields)
+            return (
+                f"{meta.get('end_of_turn_decision')}/{meta.get('end_of_turn_verdict')}"
+                f"@{meta.get('end_of_turn_probability', '-')} {times}"
+            )
+    return "no response.done"
 
 
 async def over_a_reply(
@@ -220,12 +254,14 @@ async def caller(
     tallies: dict[str, Tally],
     verbose: bool,
 ) -> None:
+    fillers = filler_sounds()
     clients = {}
     for arm, url in urls.items():
         clients[arm] = RealtimeClient(url)
         await clients[arm].connect(http)
         await asyncio.wait_for(clients[arm].wait_for_type("session.created"), 20)
-    turn_of = hesitant[index % len(hesitant) :] + hesitant[: index % len(hesitant)]
+    shift = index % len(hesitant) if hesitant else 0
+    turn_of = hesitant[shift:] + hesitant[:shift]
     for number, (name, first, rest) in enumerate(turn_of):
         pause = PAUSES_S[(number + index) % len(PAUSES_S)]
         for arm, client in clients.items():
@@ -235,13 +271,16 @@ async def caller(
             if verbose:
                 marks = ("OVER " if over else "") + ("SPLIT" if split else "")
                 print(f"{arm:8} {pause:.1f} s {name:24} {marks:10} {details}", flush=True)
-    for audio in finished:
+    for number, audio in enumerate(finished):
         for arm, client in clients.items():
-            v2v = await finished_turn(client, audio)
+            v2v, details = await finished_turn(client, audio)
             if v2v is None:
                 tallies[arm].unanswered += 1
             else:
                 tallies[arm].v2v_ms.append(v2v)
+            if verbose:
+                heard = f"{v2v:.0f} ms" if v2v is not None else "no reply"
+                print(f"{arm:8} finished {number:3} {heard:>9}  {details}", flush=True)
     for number in range(coughs):
         for arm, client in clients.items():
             try:
@@ -252,6 +291,17 @@ async def caller(
                 sounding = False
             if sounding:
                 tallies[arm].coughs.append(response["status"] == "cancelled")
+            else:
+                tallies[arm].no_long_reply += 1
+            await quiet(client)
+        for arm, client in clients.items():
+            _, filler = fillers[number % len(fillers)]
+            try:
+                response, _, sounding = await over_a_reply(client, filler)
+            except TimeoutError:
+                sounding = False
+            if sounding:
+                tallies[arm].fillers.append(response["status"] == "cancelled")
             else:
                 tallies[arm].no_long_reply += 1
             await quiet(client)
@@ -304,6 +354,7 @@ def report(tallies: dict[str, Tally]) -> None:
                 f"{percentile(tally.v2v_ms, 95):.0f}" if tally.v2v_ms else "-",
                 tally.unanswered,
                 f"{sum(tally.coughs)}/{len(tally.coughs)}",
+                f"{sum(tally.fillers)}/{len(tally.fillers)}",
                 f"{percentile(stops, 50):.0f}" if stops else "-",
                 f"{max(stops):.0f}" if stops else "-",
                 tally.not_stopped,
@@ -317,6 +368,7 @@ def report(tallies: dict[str, Tally]) -> None:
         "p95",
         "no reply",
         "cough cancels",
+        "filler cancels",
         "stop p50",
         "max",
         "not stopped",
@@ -338,10 +390,25 @@ async def main() -> None:
     )
     parser.add_argument("--client-nice", type=int, default=10)
     parser.add_argument(
-        "--verbose", action="store_true", help="a line per hesitant turn: words, verdicts"
+        "--verbose", action="store_true", help="a line per turn: words, verdicts, times"
     )
-    parser.add_argument("--server-arg", action="append", default=[], help="for both servers")
+    parser.add_argument("--server-arg", action="append", default=[], help="for every server")
+    parser.add_argument(
+        "--base-python",
+        help="an arm 'base': semantic turns on the build this interpreter runs "
+        "(a checkout's venv), to pair a change against the build before it",
+    )
+    parser.add_argument(
+        "--arms",
+        default="semantic,silence",
+        help=f"servers side by side, from {', '.join(ARMS)}",
+    )
     args = parser.parse_args()
+    arms = {arm: ARMS[arm] for arm in args.arms.split(",")}
+    pythons = {}
+    if args.base_python:
+        arms["base"] = ARMS["semantic"]
+        pythons["base"] = args.base_python
     hesitant, finished = material(args.items, args.finished)
     print(
         f"{len(hesitant)} hesitant prompts, {len(finished)} finished, {args.calls} caller(s)",
@@ -349,11 +416,11 @@ async def main() -> None:
     )
     restrict_host_addresses(["127.0.0.1"])
     async with (
-        servers_side_by_side(ARMS, *args.server_arg) as urls,
+        servers_side_by_side(arms, *args.server_arg, pythons=pythons) as urls,
         aiohttp.ClientSession() as http,
     ):
         os.nice(args.client_nice)
-        tallies = {arm: Tally() for arm in ARMS}
+        tallies = {arm: Tally() for arm in arms}
         started = time.monotonic()
         await asyncio.gather(
             *(

@@ -17,15 +17,21 @@ from voice_agent.testing.ports import free_port
 
 
 async def start_server(
-    *flags: str, env: dict[str, str] | None = None, own_process_group: bool = False
+    *flags: str,
+    env: dict[str, str] | None = None,
+    own_process_group: bool = False,
+    python: str | None = None,
 ) -> tuple[asyncio.subprocess.Process, str]:
     """The server process (embedded models, loopback media) and its URL;
     ``env`` adds to (or overrides) this process's environment; with
     ``own_process_group`` it leads a process group of its own, to be
-    signalled whole as a terminal or a service manager does."""
+    signalled whole as a terminal or a service manager does; ``python``:
+    another interpreter (another build's) instead of this one."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "voice_agent", "serve", "--port", str(port)),
+        # -P: another build's interpreter imports its own checkout, not the
+        # voice_agent/ of the directory this runs in.
+        *(python or sys.executable, "-P", "-m", "voice_agent", "serve", "--port", str(port)),
         *("--ice-host-addresses", "127.0.0.1", "--log-level", "WARNING"),
         *flags,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
@@ -50,14 +56,18 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 1
 
 @contextlib.asynccontextmanager
 async def servers_side_by_side(
-    arms: Mapping[str, Sequence[str]], *shared_flags: str
+    arms: Mapping[str, Sequence[str]],
+    *shared_flags: str,
+    pythons: Mapping[str, str] | None = None,
 ) -> AsyncIterator[dict[str, str]]:
-    """One server process per arm (its flags, then ``shared_flags``), all
-    ready; their URLs by arm. Every one is stopped on the way out."""
+    """One server process per arm (its flags, then ``shared_flags``; run by
+    ``pythons[arm]`` where given: another build), all ready; their URLs by
+    arm. Every one is stopped on the way out."""
     servers: dict[str, tuple[asyncio.subprocess.Process, str]] = {}
     try:
         for arm, flags in arms.items():
-            servers[arm] = await start_server(*flags, *shared_flags)
+            python = (pythons or {}).get(arm)
+            servers[arm] = await start_server(*flags, *shared_flags, python=python)
         async with aiohttp.ClientSession() as http:
             for _, url in servers.values():
                 await wait_ready(http, url)
