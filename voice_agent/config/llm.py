@@ -157,8 +157,12 @@ class LlmSettings(BaseModel):
         description="Embedded llama.cpp threads' busy-polling level while waiting for work "
         "(0 = sleep; llama.cpp's default 50).",
     )
+    # The pool only holds prompts being worked on: idle slots' go to the RAM
+    # cache (--cache-ram). 8 x 1024 tokens holds five callers' prompts (~300-
+    # 700 tokens with 4 turns of history) with room for long instructions; its
+    # f16 cache is 180 MiB of llama-server's memory (360 at 2048).
     llama_ctx: int = Field(
-        2048, ge=256, description="Embedded llama.cpp context per slot (the pool is slots x this)."
+        1024, ge=256, description="Embedded llama.cpp context per slot (the pool is slots x this)."
     )
     llama_parallel: int = Field(
         8,
