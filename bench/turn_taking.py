@@ -230,6 +230,22 @@ async def over_a_reply(
     return response, onset, sounding
 
 
+async def false_barge_in(
+    client: RealtimeClient, burst: np.ndarray, tally: Tally, cancels: list[bool]
+) -> None:
+    """``burst`` over a reply: whether it cancelled the reply goes to
+    ``cancels``, or, if no reply was sounding, to the tally's count."""
+    try:
+        response, _, sounding = await over_a_reply(client, burst)
+    except TimeoutError:
+        sounding = False
+    if sounding:
+        cancels.append(response["status"] == "cancelled")
+    else:
+        tally.no_long_reply += 1
+    await quiet(client)
+
+
 def last_sound_after(client: RealtimeClient, onset: float) -> float | None:
     """When the reply last sounded after ``onset`` (before 100 ms of quiet)."""
     received = client.received
@@ -254,7 +270,6 @@ async def caller(
     tallies: dict[str, Tally],
     verbose: bool,
 ) -> None:
-    fillers = filler_sounds()
     clients = {}
     for arm, url in urls.items():
         clients[arm] = RealtimeClient(url)
@@ -281,30 +296,14 @@ async def caller(
             if verbose:
                 heard = f"{v2v:.0f} ms" if v2v is not None else "no reply"
                 print(f"{arm:8} finished {number:3} {heard:>9}  {details}", flush=True)
+    fillers = filler_sounds() if coughs else []
     for number in range(coughs):
         for arm, client in clients.items():
-            try:
-                response, _, sounding = await over_a_reply(
-                    client, noise_burst(200, -25.0, seed=number)
-                )
-            except TimeoutError:
-                sounding = False
-            if sounding:
-                tallies[arm].coughs.append(response["status"] == "cancelled")
-            else:
-                tallies[arm].no_long_reply += 1
-            await quiet(client)
+            cough = noise_burst(200, -25.0, seed=number)
+            await false_barge_in(client, cough, tallies[arm], tallies[arm].coughs)
         for arm, client in clients.items():
             _, filler = fillers[number % len(fillers)]
-            try:
-                response, _, sounding = await over_a_reply(client, filler)
-            except TimeoutError:
-                sounding = False
-            if sounding:
-                tallies[arm].fillers.append(response["status"] == "cancelled")
-            else:
-                tallies[arm].no_long_reply += 1
-            await quiet(client)
+            await false_barge_in(client, filler, tallies[arm], tallies[arm].fillers)
         for arm, client in clients.items():
             interruption = finished[number % len(finished)]
             try:

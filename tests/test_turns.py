@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -145,53 +147,59 @@ def test_a_pause_is_offered_to_the_model_once_and_the_long_silence_still_ends_th
     assert len(candidates[-1].audio) > len(ended[0].audio)
 
 
-def test_end_after_silence_ends_this_turn_sooner_and_only_this_turn() -> None:
-    speech = librivox("0930")
-    detector = TurnDetector(TurnConfig(turn_silence_ms=2000, judge_ms=200))
+def turn_end_silences(
+    detector: TurnDetector, audio: np.ndarray, at_candidate: Callable[[int, int], object]
+) -> list[int]:
+    """Feed ``audio`` through the WebRTC VAD into ``detector``; at each end
+    candidate, ``at_candidate(sample offset, turns ended so far)``. The
+    silence each turn ended after."""
     vad = SpeechDetector(WebRtcVad(3))
-    audio = np.concatenate((speech, silence(1.0), speech, silence(2.5)))
     ends: list[int] = []
-    for start in range(0, len(audio) - FRAME_SAMPLES + 1, FRAME_SAMPLES):
-        frame = audio[start : start + FRAME_SAMPLES]
-        for event in detector.push(frame, vad.probability(frame)):
-            if isinstance(event, EndCandidate) and not ends:
-                detector.end_after_silence(500)  # as when the model fails
-            if isinstance(event, TurnEnded):
-                ends.append(event.silence_ms)
-    assert ends == [500, 2000]
-
-
-def test_end_after_silence_for_this_pause_only_lapses_when_the_caller_speaks_again() -> None:
-    # A pause mid-sentence (0.6 s put there, with the clip's own quiet end
-    # under 1.2 s), then the rest and a long silence: the
-    # shorter end set at the first pause (as the words judge's split cap)
-    # must not end the turn at the second.
-    speech = librivox("0930")
-    detector = TurnDetector(TurnConfig(turn_silence_ms=2000, judge_ms=200))
-    vad = SpeechDetector(WebRtcVad(3))
-    audio = np.concatenate((speech, silence(0.6), speech, silence(2.5)))
-    ends: list[int] = []
-    candidates = 0
     for start in range(0, len(audio) - FRAME_SAMPLES + 1, FRAME_SAMPLES):
         frame = audio[start : start + FRAME_SAMPLES]
         for event in detector.push(frame, vad.probability(frame)):
             if isinstance(event, EndCandidate):
-                candidates += 1
-                if candidates == 1:
-                    detector.end_after_silence(1200, this_pause=True)
+                at_candidate(start, len(ends))
             if isinstance(event, TurnEnded):
                 ends.append(event.silence_ms)
+    return ends
+
+
+def test_end_after_silence_ends_this_turn_sooner_and_only_this_turn() -> None:
+    speech = librivox("0930")
+    detector = TurnDetector(TurnConfig(turn_silence_ms=2000, judge_ms=200))
+    audio = np.concatenate((speech, silence(1.0), speech, silence(2.5)))
+
+    def as_when_the_model_fails(start: int, ended: int) -> None:
+        if not ended:
+            detector.end_after_silence(500)
+
+    assert turn_end_silences(detector, audio, as_when_the_model_fails) == [500, 2000]
+
+
+def test_end_after_silence_for_this_pause_only_lapses_when_the_caller_speaks_again() -> None:
+    # A pause mid-sentence (0.6 s put there, with the clip's own quiet end
+    # under 1.2 s), then the rest and a long silence: the shorter end set
+    # at the first pause (as the words judge's split cap) must not end the
+    # turn at the second.
+    speech = librivox("0930")
+    detector = TurnDetector(TurnConfig(turn_silence_ms=2000, judge_ms=200))
+    audio = np.concatenate((speech, silence(0.6), speech, silence(2.5)))
+    candidates: list[int] = []
+
+    def at_the_first_pause(start: int, ended: int) -> None:
+        candidates.append(start)
+        if len(candidates) == 1:
+            detector.end_after_silence(1200, this_pause=True)
+
     # The pause stayed under the 1.2 s it was given; the end of the
     # speech waited the full 2 s, not the lapsed 1.2 s.
-    assert ends == [2000]
+    assert turn_end_silences(detector, audio, at_the_first_pause) == [2000]
+
+    def at_the_last_pause(start: int, ended: int) -> None:
+        if start > len(audio) - 3 * 16_000:
+            detector.end_after_silence(1200, this_pause=True)
+
     # Set at the last pause instead, it ends the turn there.
     detector.reset()
-    ends = []
-    for start in range(0, len(audio) - FRAME_SAMPLES + 1, FRAME_SAMPLES):
-        frame = audio[start : start + FRAME_SAMPLES]
-        for event in detector.push(frame, vad.probability(frame)):
-            if isinstance(event, EndCandidate) and start > len(audio) - 3 * 16_000:
-                detector.end_after_silence(1200, this_pause=True)
-            if isinstance(event, TurnEnded):
-                ends.append(event.silence_ms)
-    assert ends == [1200]
+    assert turn_end_silences(detector, audio, at_the_last_pause) == [1200]
