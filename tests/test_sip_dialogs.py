@@ -547,6 +547,19 @@ async def test_an_unrefreshed_call_is_ended_by_the_gateway(
 
 
 @on_the_lab
+async def test_the_bye_goes_to_the_contact_of_the_latest_refresh(
+    lab: SipLab, short_timers: Gateway
+) -> None:
+    # The scenario fails unless the gateway's BYE names the UPDATE's Contact.
+    run = await lab.sipp_run(
+        "target_refresh.xml", "-key", "se", str(SHORT_MIN_SE), port=SHORT_PORT, gateway=short_timers
+    )
+    assert run.code == 0, run.output
+    await short_timers.process.log.wait_for(r"session timer ran out", 5)
+    await until_idle(lab, short_timers)
+
+
+@on_the_lab
 async def test_a_session_interval_below_min_se_gets_422(lab: SipLab) -> None:
     before = (await lab.stats())["calls_total"]
     run = await lab.sipp_run("session_too_small.xml", "-key", "se", "30")

@@ -20,6 +20,9 @@ re-INVITE, UPDATE (RFC 3311) with SDP
          REFER and the like 405 with Allow, unknown methods 501.
 UPDATE without SDP, re-INVITE without SDP
          a session refresh: 200 (the re-INVITE's with the current SDP).
+Contact  each accepted re-INVITE or UPDATE that carries one refreshes the
+         call's remote target (RFC 3261 section 12.2.2): the gateway's BYE
+         goes to the phone's latest Contact.
 INFO     a key press (application/dtmf-relay: ``Signal=5``; application/dtmf:
          ``5``; 10 and 11 are * and #) goes to the service
          (``POST {call}/dtmf``); without a body (a keep-alive) 200; another
@@ -289,6 +292,9 @@ class InDialog:
             answer=answer or call["answer"],
             timer=timer.interval,
             refreshed=time.monotonic(),  # one clock for all of Kamailio's processes
+            # A target refresh (RFC 3261 section 12.2.2, RFC 3311): the
+            # phone's new Contact is where the gateway's BYE goes from now on.
+            target=KSR.pv.get("$ct") or call["target"],
         )
         if not self.gateway.replace_call(call_id, call):  # hung up meanwhile
             KSR.tm.t_reply(481, "Call/Transaction Does Not Exist")
