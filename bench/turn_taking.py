@@ -5,7 +5,8 @@ each item to one and then the other, so noise on this host hits both.
 
 - Hesitant turns: a telephone prompt of the measurement set cut at the
   widest gap between its words in its middle, with a pause of 0.5, 1.0 or
-  1.5 s put there ("Please enter the number ... to be blacklisted").
+  1.5 s put there in turn (--pauses; "Please enter the number ... to be
+  blacklisted").
   Counted: turns the agent talked over (its reply began before the caller
   finished) and turns split in two (two user turns committed).
 - Finished sentences: whole prompts. Counted: client-measured voice-to-
@@ -119,7 +120,7 @@ def material(
         gap = widest_middle_gap(prompt.audio)
         if gap is not None and "." not in prompt.text.strip()[:-1]:
             hesitant.append((prompt.name, prompt.audio[:gap], prompt.audio[gap:]))
-    return hesitant[:limit], [p.audio for p in prompts[-finished:]]
+    return hesitant[:limit], [p.audio for p in prompts[len(prompts) - finished :]]
 
 
 async def quiet(client: RealtimeClient) -> None:
@@ -182,8 +183,10 @@ def timing_details(events: list[dict[str, Any]]) -> str:
             meta = event["response"].get("metadata") or {}
             fields = (
                 ("wait", "end_of_turn_delay_ms"),
+                ("heard", "stt_start_after_speech_end_ms"),
                 ("stt", "stt_final_after_speech_end_ms"),
                 ("llm", "llm_first_token_after_speech_end_ms"),
+                ("piece", "first_piece_after_speech_end_ms"),
                 ("tts", "tts_first_audio_after_speech_end_ms"),
                 ("v2v", "voice_to_voice_ms"),
             )
@@ -269,6 +272,7 @@ async def caller(
     coughs: int,
     tallies: dict[str, Tally],
     verbose: bool,
+    pauses: tuple[float, ...] = PAUSES_S,
 ) -> None:
     clients = {}
     for arm, url in urls.items():
@@ -278,7 +282,7 @@ async def caller(
     shift = index % len(hesitant) if hesitant else 0
     turn_of = hesitant[shift:] + hesitant[:shift]
     for number, (name, first, rest) in enumerate(turn_of):
-        pause = PAUSES_S[(number + index) % len(PAUSES_S)]
+        pause = pauses[(number + index) % len(pauses)]
         for arm, client in clients.items():
             over, split, details = await hesitant_turn(client, first, rest, pause)
             cut = CUTS[name in STANDS_ALONE]
@@ -326,9 +330,10 @@ async def caller(
 
 def report(tallies: dict[str, Tally]) -> None:
     rows: list[list[Any]] = []
+    pauses = sorted({pause for tally in tallies.values() for _, pause in tally.hesitant})
     for cut in CUTS:
         for arm, tally in tallies.items():
-            for pause in PAUSES_S:
+            for pause in pauses:
                 results = tally.hesitant.get((cut, pause), [])
                 over = sum(o for o, _ in results)
                 split = sum(s for _, s in results)
@@ -387,6 +392,11 @@ async def main() -> None:
     parser.add_argument(
         "--coughs", type=int, default=4, help="coughs (and interruptions) per caller"
     )
+    parser.add_argument(
+        "--pauses",
+        default=",".join(f"{p:g}" for p in PAUSES_S),
+        help="the hesitant pauses in seconds, taken in turn (1.0: every prompt at 1.0 s)",
+    )
     parser.add_argument("--client-nice", type=int, default=10)
     parser.add_argument(
         "--verbose", action="store_true", help="a line per turn: words, verdicts, times"
@@ -408,6 +418,7 @@ async def main() -> None:
     if args.base_python:
         arms["base"] = ARMS["semantic"]
         pythons["base"] = args.base_python
+    pauses = tuple(float(p) for p in args.pauses.split(","))
     hesitant, finished = material(args.items, args.finished)
     print(
         f"{len(hesitant)} hesitant prompts, {len(finished)} finished, {args.calls} caller(s)",
@@ -423,7 +434,9 @@ async def main() -> None:
         started = time.monotonic()
         await asyncio.gather(
             *(
-                caller(i, urls, http, hesitant, finished, args.coughs, tallies, args.verbose)
+                caller(
+                    i, urls, http, hesitant, finished, args.coughs, tallies, args.verbose, pauses
+                )
                 for i in range(args.calls)
             )
         )
