@@ -15,6 +15,8 @@ replies were prepared speculatively.
     .venv/bin/python bench/load.py                       # N = 1, 2, 5, 10
     .venv/bin/python bench/load.py --callers 5 --turns 4
     .venv/bin/python bench/load.py --server-arg=--max-calls=5
+    .venv/bin/python bench/load.py --cpus 0 --callers 2   # scaling: one core, then
+    .venv/bin/python bench/load.py --cpus 0,1 --callers 4 # two, the same load a core
 """
 
 from __future__ import annotations
@@ -172,6 +174,11 @@ async def main() -> None:
     parser.add_argument("--gap", type=float, default=1.0, help="seconds between a caller's turns")
     parser.add_argument("--stagger", type=float, default=0.4, help="seconds between callers")
     parser.add_argument("--server-arg", action="append", default=[], help="serve flag")
+    parser.add_argument(
+        "--cpus",
+        help="the server's cores, as taskset -c takes them (0 or 0,1); its defaults "
+        "(workers, threads, --max-calls) follow them. The callers run on any core",
+    )
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -180,7 +187,8 @@ async def main() -> None:
         await client_main(args.client, args.index, args.turns, args.gap, args.delay)
         return
 
-    server, url = await start_server(*args.server_arg)
+    cpus = {int(c) for c in args.cpus.split(",")} if args.cpus else None
+    server, url = await start_server(*args.server_arg, cpus=cpus)
     rows: list[list[object]] = []
     try:
         async with aiohttp.ClientSession() as http:
@@ -193,7 +201,8 @@ async def main() -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         await server.wait()
-    print(f"\n## {args.turns} turns per caller, callers {args.stagger} s apart\n")
+    pinned = f", the server on cores {args.cpus}" if args.cpus else ""
+    print(f"\n## {args.turns} turns per caller, callers {args.stagger} s apart{pinned}\n")
     print(
         table(
             rows,

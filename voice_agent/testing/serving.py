@@ -21,13 +21,21 @@ async def start_server(
     env: dict[str, str] | None = None,
     own_process_group: bool = False,
     python: str | None = None,
+    cpus: set[int] | None = None,
 ) -> tuple[asyncio.subprocess.Process, str]:
     """The server process (embedded models, loopback media) and its URL;
     ``env`` adds to (or overrides) this process's environment; with
     ``own_process_group`` it leads a process group of its own, to be
     signalled whole as a terminal or a service manager does; ``python``:
-    another interpreter (another build's) instead of this one."""
+    another interpreter (another build's) instead of this one; ``cpus``:
+    the cores it (and every process it starts) may run on, as ``taskset``
+    would pin it, set before it runs a line so its defaults see them."""
     port = free_port()
+
+    def pin() -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+
     process = await asyncio.create_subprocess_exec(
         # -P: another build's interpreter imports its own checkout, not the
         # voice_agent/ of the directory this runs in.
@@ -36,6 +44,7 @@ async def start_server(
         *flags,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         process_group=0 if own_process_group else None,
+        preexec_fn=pin if cpus is not None else None,
     )
     return process, f"http://127.0.0.1:{port}"
 
