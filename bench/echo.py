@@ -7,7 +7,9 @@ a phone gateway does, and act as a speakerphone without echo cancellation
 microphone 150 ms later through a small room, at the level given).
 
 Per setting and echo level, one call of several turns: the caller asks a
-question and then says nothing. Counted per reply:
+question and then says nothing (with --step-ms, the echo's delay steps by
+that much, up and then down in turn, one second into each reply). Counted
+per reply:
 - false barge-in: the reply was cancelled by a "turn" the caller never spoke;
 - phantom turns: speech the server detected while the caller was silent.
 Then real barge-ins: the caller speaks a recorded sentence one second into
@@ -15,6 +17,7 @@ a long reply; counted are replies cut (as they must be) and the word error
 rate of what the caller said, against a clean line (no echo at all).
 
     .venv/bin/python bench/echo.py
+    .venv/bin/python bench/echo.py --settings on --step-ms 40 --turns 8
 """
 
 from __future__ import annotations
@@ -77,17 +80,23 @@ async def settle(client: RealtimeClient) -> None:
 
 
 async def quiet_turns(
-    url: str, http: aiohttp.ClientSession, echo_db: float, turns: int
+    url: str, http: aiohttp.ClientSession, echo_db: float, turns: int, step_ms: float = 0.0
 ) -> QuietTurns:
     result = QuietTurns()
-    client = RealtimeClient(url, codec="audio/PCMU", echo=SimulatedEcho(150, echo_db))
+    echo = SimulatedEcho(150, echo_db)
+    client = RealtimeClient(url, codec="audio/PCMU", echo=echo)
     await client.connect(http)
     await asyncio.wait_for(client.wait_for_type("session.created"), 10)
     for turn in range(turns):
         clip = QUESTIONS[turn % len(QUESTIONS)]
+        playing = client.wait_for_type("output_audio_buffer.started", after=len(client.events))
         done = client.wait_for_type("response.done", after=len(client.events))
         sent = await client.mic.play(np.concatenate((librivox(clip), silence(0.3))), RATE)
         try:
+            if step_ms:
+                await asyncio.wait_for(playing, 40)
+                await asyncio.sleep(1.0)
+                echo.step(step_ms if turn % 2 == 0 else -step_ms)
             response = (await asyncio.wait_for(done, 40))["response"]
         except TimeoutError:
             continue
@@ -157,6 +166,9 @@ async def main() -> None:
     parser.add_argument("--barge-ins", type=int, default=3, help="real barge-ins per setting")
     parser.add_argument("--levels", default="-12,-6,0", help="echo levels, dB")
     parser.add_argument("--settings", default="off,on", help="--echo-cancel settings to run")
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0, help="the echo delay's step in each quiet reply"
+    )
     args = parser.parse_args()
     levels = [float(x) for x in args.levels.split(",")]
     # The client runs below the server: its CPU is not the server's.
@@ -171,7 +183,7 @@ async def main() -> None:
             async with aiohttp.ClientSession() as http:
                 await wait_ready(http, url)
                 for level in levels:
-                    quiet = await quiet_turns(url, http, level, args.turns)
+                    quiet = await quiet_turns(url, http, level, args.turns, args.step_ms)
                     quiet_rows.append(
                         [
                             setting,

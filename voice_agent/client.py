@@ -83,6 +83,15 @@ class SimulatedEcho:
         """What the microphone picks up of it at its stream ``position``."""
         return self._line.read(position, count)
 
+    def step(self, delta_ms: float) -> None:
+        """The echo's delay changes by ``delta_ms`` from the audio received
+        next on (a phone's jitter buffer growing or shrinking, a transfer):
+        a step up leaves a gap in the echo, a step down overlaps it."""
+        delta = int(delta_ms * RATE / 1000)
+        self.delay += delta
+        if self._offset is not None:
+            self._offset += delta
+
 
 class PcmSource(MediaStreamTrack):
     """An outgoing audio track playing queued PCM on a real-time clock
