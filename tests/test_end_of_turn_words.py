@@ -1,8 +1,9 @@
 """The words' end of turn: the embedded LLM (SmolLM2-135M, the real one)
 reading how likely a sentence ends where a caller's words stop, and the
-session acting where the voice (Smart Turn's "incomplete") and the words
-(a whole sentence) disagree: the pause then ends the turn after the split
-cap (1.2 s at medium eagerness) instead of the 2 s cap."""
+session acting where the voice and the words disagree: Smart Turn's
+"incomplete" on a whole sentence, or its unsure "complete" on words no
+sentence ends with. The pause then ends the turn after the split cap
+(1.2 s at medium eagerness), not the 2 s cap, nor at once."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from tests.test_end_of_turn import FINISHED, Listener
 from voice_agent.backends.turn.words import plain_words
 from voice_agent.engine import Engine
-from voice_agent.session.endpointing import EAGERNESS, WORDS_LIKELY
+from voice_agent.session.endpointing import EAGERNESS, VOICE_SURE, WORDS_LIKELY, WORDS_UNLIKELY
 from voice_agent.session.events import UserTurnCommitted
 from voice_agent.testing.audio_data import silence
 from voice_agent.testing.waiting import until
@@ -102,13 +103,41 @@ async def test_a_sentence_the_voice_kept_up_ends_at_the_split_cap(
     assert engine.end_of_turn.decisions["words_hastened"] == hastened + 1
 
 
-async def test_a_complete_verdict_is_not_held_for_the_words(
+async def test_a_sure_complete_verdict_is_not_held_for_the_words(
     reader: Listener, words: ScriptedWords
 ) -> None:
     words.probability = 0.001  # were it asked: they stop mid-phrase
-    await judged(reader, SENTENCE, voice=0.99)
-    assert len(committed(reader)) == 1  # the voice's "complete" ends it at once
-    assert words.asked == []  # a finished sentence waits on no extra request
+    await judged(reader, SENTENCE, voice=VOICE_SURE + 0.04)
+    assert len(committed(reader)) == 1  # the voice's sure "complete" ends it at once
+    assert words.asked == []  # most finished sentences wait on no extra request
+
+
+async def test_an_unsure_complete_on_words_no_sentence_ends_with_waits_the_split_cap(
+    engine: Engine, reader: Listener, words: ScriptedWords
+) -> None:
+    held = engine.end_of_turn.decisions["words_held"]
+    words.probability = WORDS_UNLIKELY / 2  # "letters of your party's |"
+    await judged(reader, SENTENCE, voice=0.8)
+    assert words.asked and "dial" in words.asked[-1].lower()
+    assert committed(reader) == []  # not at once
+    verdict = reader.session._verdict  # what the turn's latency record will say
+    assert verdict is not None and verdict.decision == "unfinished"
+    assert verdict.words_probability == WORDS_UNLIKELY / 2
+    assert engine.end_of_turn.decisions["words_held"] == held + 1
+    await reader.say(silence(SPLIT_CAP_S - 0.3 - 0.1))
+    assert committed(reader) == []
+    await reader.say(silence(0.2))
+    assert len(committed(reader)) == 1  # at 1.2 s, not the 2 s cap
+
+
+@pytest.mark.parametrize("probability", [WORDS_UNLIKELY, 0.4, None])
+async def test_an_unsure_complete_on_words_that_may_end_ends_at_once(
+    reader: Listener, words: ScriptedWords, probability: float | None
+) -> None:
+    words.probability = probability  # may end there, or no answer (None): the voice decides
+    await judged(reader, SENTENCE, voice=0.8)
+    assert words.asked
+    assert len(committed(reader)) == 1
 
 
 async def test_voice_and_words_that_both_hear_more_wait_the_cap(

@@ -7,9 +7,12 @@ early transcript is in, unless the words dangle ("my number is"): then it
 becomes "unfinished". No verdict leaves the turn to the fixed silence;
 "incomplete" and "unfinished" let it go on, to the silence cap or the
 caller's next pause. With a words judge (a language model reading the
-early transcript), an "incomplete" whose words read as a whole sentence
-ends the pause after the shorter split cap instead: a reader whose voice
-stayed up at the end of a sentence is answered sooner than the cap.
+early transcript), the voice and the words can disagree, and then the
+pause ends the turn after the split cap: an "incomplete"
+whose words read as a whole sentence (a reader whose voice stayed up at
+its end is answered sooner than the cap), and an unsure "complete" whose
+words read as no sentence's end (a voice that fell on "letters of your
+party's" is not answered at once).
 Apart because it is the one place the session decides *when* a turn ends
 on a model's word; the model and its dangling-word rule live in
 ``endpointing``.
@@ -20,7 +23,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from voice_agent.session.endpointing import WORDS_LIKELY, words_unfinished
+from voice_agent.session.endpointing import (
+    VOICE_SURE,
+    WORDS_LIKELY,
+    WORDS_UNLIKELY,
+    words_unfinished,
+)
 from voice_agent.session.hearing import Heard
 from voice_agent.session.metrics import Verdict
 from voice_agent.session.speculation import succeeded
@@ -78,29 +86,58 @@ class EndOfTurn(SessionState):
     def _apply_with_words(self, verdict: Verdict, heard: Heard | None) -> None:
         """The model's verdict with the pause's words. A "complete" whose
         words end on one no sentence ends on becomes "unfinished" (the turn
-        goes on to the cap, or the next pause); otherwise it ends the turn.
-        An "incomplete" is read by the words judge, if there is one: words
-        that read as a whole sentence end the turn after the split cap
-        rather than the cap. No words to check (shed, failed): the model
-        decides."""
+        goes on to the cap, or the next pause); otherwise it ends the turn,
+        unless the model was unsure (under VOICE_SURE) and the words judge
+        reads no sentence's end there: then the split cap. An "incomplete"
+        is read by the words judge, if there is one: words that read as a
+        whole sentence end the turn after the split cap rather than the
+        cap. No words to check (shed, failed): the model decides."""
         detection = self.turn_detection
         if detection is None or detection.semantic is None:
             return  # the settings changed while the words came: the silence decides
         assert self._judge is not None
+        # Only words the checks trust (not Whisper's "Thank you." on a breath).
+        words = heard.text if heard is not None and heard.settled else ""
+        generation = self._generation
         if verdict.decision == "complete":
             if heard is not None and words_unfinished(heard.text):
                 self._judge.overruled()
                 self._verdict = dataclasses.replace(verdict, decision="unfinished")
                 log.debug("end of turn overruled by the words", extra={"session": self.id})
                 return
+            unsure = verdict.probability is not None and verdict.probability < VOICE_SURE
+            if self._judge.words is not None and words.strip() and unsure:
+                self._judge.read_words(words, lambda p: self._complete_read(verdict, p, generation))
+                return
             self._end_now()
             return
-        # Only words the checks trust (not Whisper's "Thank you." on a breath),
-        # and not dangling ones ("my number is"): the caller goes on.
-        words = heard.text if heard is not None and heard.settled else ""
+        # Not dangling words ("my number is"): the caller goes on.
         if self._judge.words is not None and words.strip() and not words_unfinished(words):
-            generation = self._generation
             self._judge.read_words(words, lambda p: self._words_read(verdict, p, generation))
+
+    def _complete_read(self, verdict: Verdict, probability: float | None, generation: int) -> None:
+        """An unsure "complete", its words read: they end the turn now,
+        unless no sentence ends there; then the voice and the words
+        disagree, and the pause ends the turn after the split cap."""
+        if not self._still_judging(verdict, generation):
+            return
+        detection = self.turn_detection
+        assert detection is not None and detection.semantic is not None
+        assert self._judge is not None
+        self._verdict = dataclasses.replace(verdict, words_probability=probability)
+        if probability is None or probability >= WORDS_UNLIKELY:
+            self._end_now()  # no answer, or the words may end there: the voice decides
+            return
+        self._judge.overruled()
+        self._judge.count("words_held")
+        self._verdict = dataclasses.replace(self._verdict, decision="unfinished")
+        log.debug(
+            "voice and words disagree: the split cap ends this pause",
+            extra={"session": self.id, "voice": verdict.probability, "words": probability},
+        )
+        ended = self._detector.end_after_silence(detection.semantic.split_cap_ms, this_pause=True)
+        if ended is not None:
+            self._on_turn_ended(ended, "silence")
 
     def _words_read(self, verdict: Verdict, probability: float | None, generation: int) -> None:
         """The voice heard the caller going on, the words read as a whole

@@ -64,6 +64,16 @@ TRAILING_MARKS = (",", "...", "\u2026", "-", "\u2014", ":")
 # of the 29 words before a pause in their middle (mostly clauses that
 # stand alone). A reading not back within WORDS_TIMEOUT_S counts as none.
 WORDS_LIKELY = 0.15
+# A "complete" the model is less sure of than VOICE_SURE is read by the
+# words judge too, and held to the split cap when its words read as a
+# sentence's end with less than WORDS_UNLIKELY ("letters of your party's",
+# "the conference", "your path": the voice fell, the sentence has no verb
+# yet). Set on the tuning set (bench/end_of_turn_offline.py --set tuning):
+# cuts ended at the pause 13 -> 6 of 29, whole prompts held 9 -> 10 of 59.
+# A surer "complete" is not read: most finished turns are over 0.95, and
+# each reading shares the LLM with the reply being prepared.
+VOICE_SURE = 0.95
+WORDS_UNLIKELY = 0.05
 WORDS_TIMEOUT_S = 0.3
 
 
@@ -126,7 +136,7 @@ class EndOfTurnJudge:
         self._stats.decisions["unfinished"] += 1
 
     def count(self, outcome: str) -> None:
-        """What the words judge changed ("words_hastened")."""
+        """What the words judge changed ("words_hastened", "words_held")."""
         self._stats.decisions[outcome] += 1
 
     def read_words(self, text: str, decided: Callable[[float | None], None]) -> None:
