@@ -188,3 +188,29 @@ async def test_the_packaged_voice_streams_its_first_piece() -> None:
         assert (await synthesize(tts, TEXTS[1])).size > 2 * 22050  # seconds of speech
     finally:
         tts.close()
+
+
+@pytest.mark.models
+async def test_a_piece_cut_off_while_it_streams_leaves_no_task_behind() -> None:
+    """A barge-in cancels the consumer while it waits for the next window:
+    the stream's own wait on its queue goes with it, not left pending."""
+    tts = PiperTts(default_voice_path(), 1.0, threads=1)
+    try:
+        stream = tts.stream(TEXTS[1], urgent=True)
+        first = asyncio.Event()
+
+        async def listen() -> None:
+            async for _ in stream:
+                first.set()
+
+        listener = asyncio.create_task(listen())
+        await asyncio.wait_for(first.wait(), 30)
+        await asyncio.sleep(0)  # back waiting for the next window
+        listener.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await listener
+        await asyncio.sleep(0)
+        waiting = [t for t in asyncio.all_tasks() if "Queue.get" in repr(t) and not t.done()]
+        assert waiting == []
+    finally:
+        tts.close()

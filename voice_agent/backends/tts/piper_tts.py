@@ -244,6 +244,7 @@ class PiperTts:
                 loop.call_soon_threadsafe(made.put_nowait, audio)
 
         job = asyncio.ensure_future(self._worker.run(produce, urgent=True))
+        window: asyncio.Future[np.ndarray] | None = None
         try:
             while True:
                 window = asyncio.ensure_future(made.get())
@@ -261,6 +262,8 @@ class PiperTts:
         finally:
             stop.set()  # closed early (a barge-in): no further window is decoded
             job.cancel()
+            if window is not None:
+                window.cancel()  # closed while waiting: no task left pending on the queue
 
     def _windows_blocking(
         self, text: str, voice: _Voice, stop: threading.Event
