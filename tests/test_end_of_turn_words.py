@@ -7,6 +7,7 @@ sentence ends with. The pause then ends the turn after the split cap
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -15,7 +16,14 @@ import pytest
 from tests.test_end_of_turn import FINISHED, Listener
 from voice_agent.backends.turn.words import plain_words
 from voice_agent.engine import Engine
-from voice_agent.session.endpointing import EAGERNESS, VOICE_SURE, WORDS_LIKELY, WORDS_UNLIKELY
+from voice_agent.session.endpointing import (
+    COMPLETE_WORDS_TIMEOUT_S,
+    EAGERNESS,
+    VOICE_SURE,
+    WORDS_LIKELY,
+    WORDS_TIMEOUT_S,
+    WORDS_UNLIKELY,
+)
 from voice_agent.session.events import UserTurnCommitted
 from voice_agent.testing.audio_data import silence
 from voice_agent.testing.waiting import until
@@ -49,10 +57,12 @@ class ScriptedWords:
 
     def __init__(self, probability: float | None) -> None:
         self.probability = probability  # None: it fails
+        self.delay_s = 0.0  # how long it takes to answer
         self.asked: list[str] = []
 
     async def completion(self, text: str) -> float:
         self.asked.append(text)
+        await asyncio.sleep(self.delay_s)
         if self.probability is None:
             raise ConnectionError("the LLM server went away")
         return self.probability
@@ -176,3 +186,16 @@ async def test_a_failing_words_judge_leaves_the_verdict_to_the_voice(
     assert committed(reader) == []  # "incomplete" stands: the 2 s cap
     await reader.say(silence(0.3))
     assert len(committed(reader)) == 1
+
+
+async def test_an_unsure_complete_waits_only_briefly_for_the_words(
+    engine: Engine, reader: Listener, words: ScriptedWords
+) -> None:
+    failed = engine.end_of_turn.decisions["words_failed"]
+    words.probability = WORDS_UNLIKELY / 2  # would hold it, were it in time
+    # A loaded LLM server: later than an unsure "complete" waits, in time
+    # for an "incomplete"'s reading.
+    words.delay_s = (COMPLETE_WORDS_TIMEOUT_S + WORDS_TIMEOUT_S) / 2
+    await judged(reader, SENTENCE, voice=0.8)
+    assert len(committed(reader)) == 1  # the voice decided when the reading was late
+    assert engine.end_of_turn.decisions["words_failed"] == failed + 1

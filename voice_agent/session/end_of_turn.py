@@ -24,6 +24,7 @@ import dataclasses
 import logging
 
 from voice_agent.session.endpointing import (
+    COMPLETE_WORDS_TIMEOUT_S,
     VOICE_SURE,
     WORDS_LIKELY,
     WORDS_UNLIKELY,
@@ -107,7 +108,11 @@ class EndOfTurn(SessionState):
                 return
             unsure = verdict.probability is not None and verdict.probability < VOICE_SURE
             if self._judge.words is not None and words.strip() and unsure:
-                self._judge.read_words(words, lambda p: self._complete_read(verdict, p, generation))
+                self._judge.read_words(
+                    words,
+                    lambda p: self._complete_read(verdict, p, generation),
+                    COMPLETE_WORDS_TIMEOUT_S,
+                )
                 return
             self._end_now()
             return

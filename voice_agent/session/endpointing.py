@@ -74,6 +74,11 @@ WORDS_LIKELY = 0.15
 # each reading shares the LLM with the reply being prepared.
 VOICE_SURE = 0.95
 WORDS_UNLIKELY = 0.05
+# How long an unsure "complete" waits for that reading: its reply is not
+# ready before about 200 ms after the verdict anyway (the STT, the LLM's
+# first words, the TTS), so a reading back sooner costs the caller
+# nothing; one later is dropped and the voice decides.
+COMPLETE_WORDS_TIMEOUT_S = 0.15
 WORDS_TIMEOUT_S = 0.3
 
 
@@ -139,23 +144,33 @@ class EndOfTurnJudge:
         """What the words judge changed ("words_hastened", "words_held")."""
         self._stats.decisions[outcome] += 1
 
-    def read_words(self, text: str, decided: Callable[[float | None], None]) -> None:
+    def read_words(
+        self,
+        text: str,
+        decided: Callable[[float | None], None],
+        timeout_s: float = WORDS_TIMEOUT_S,
+    ) -> None:
         """Ask the words judge how likely a sentence ends after ``text``;
         ``decided`` gets the probability (None: failed, or not back within
-        WORDS_TIMEOUT_S) unless the caller speaks again first."""
+        ``timeout_s``) unless the caller speaks again first."""
         assert self.words is not None
         self.cancel()
         self._task = asyncio.create_task(
-            self._read_words(self.words, text, decided), name=f"eot-words-{self._session_id}"
+            self._read_words(self.words, text, decided, timeout_s),
+            name=f"eot-words-{self._session_id}",
         )
 
     async def _read_words(
-        self, words: WordsBackend, text: str, decided: Callable[[float | None], None]
+        self,
+        words: WordsBackend,
+        text: str,
+        decided: Callable[[float | None], None],
+        timeout_s: float,
     ) -> None:
         asked = now()
         probability: float | None = None
         try:
-            probability = await asyncio.wait_for(words.completion(text), WORDS_TIMEOUT_S)
+            probability = await asyncio.wait_for(words.completion(text), timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # late, or the server failed: the voice decides
