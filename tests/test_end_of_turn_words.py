@@ -78,6 +78,7 @@ async def words() -> ScriptedWords:
 
 @pytest.fixture
 async def reader(engine: Engine, words: ScriptedWords) -> AsyncIterator[Listener]:
+    engine.end_of_turn.words_quick = True  # as in a fresh process: no reading was late yet
     listener = Listener(engine, words)
     yield listener
     await listener.session.close()
@@ -199,3 +200,12 @@ async def test_an_unsure_complete_waits_only_briefly_for_the_words(
     await judged(reader, SENTENCE, voice=0.8)
     assert len(committed(reader)) == 1  # the voice decided when the reading was late
     assert engine.end_of_turn.decisions["words_failed"] == failed + 1
+    # While the LLM is that slow, unsure "complete"s are not read at all...
+    words.delay_s = 0.0
+    asked = len(words.asked)
+    await judged(reader, SENTENCE, voice=0.8)
+    assert len(committed(reader)) == 2 and len(words.asked) == asked
+    # ...until a reading (an "incomplete"'s) comes back in time again.
+    words.probability = 0.05
+    await judged(reader, SENTENCE, voice=0.05)
+    assert len(words.asked) == asked + 1 and engine.end_of_turn.words_quick

@@ -107,7 +107,7 @@ class EndOfTurn(SessionState):
                 log.debug("end of turn overruled by the words", extra={"session": self.id})
                 return
             unsure = verdict.probability is not None and verdict.probability < VOICE_SURE
-            if self._judge.words is not None and words.strip() and unsure:
+            if self._judge.words_quick and words.strip() and unsure:
                 self._judge.read_words(
                     words,
                     lambda p: self._complete_read(verdict, p, generation),

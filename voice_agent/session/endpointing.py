@@ -104,6 +104,11 @@ class JudgeStats:
     decisions: Counter[str] = field(default_factory=Counter)
     inference: Durations = field(default_factory=Durations)
     words: Durations = field(default_factory=Durations)  # the words judge's answers
+    # Whether this process's last reading came back within
+    # COMPLETE_WORDS_TIMEOUT_S: while the LLM is too busy for that, unsure
+    # "complete"s are not read (the reading would add to what slows every
+    # reply, and come too late to count).
+    words_quick: bool = True
 
     def snapshot(self) -> dict[str, object]:
         return {
@@ -135,6 +140,11 @@ class EndOfTurnJudge:
     @property
     def semantic(self) -> bool:
         return self._model.semantic
+
+    @property
+    def words_quick(self) -> bool:
+        """The words judge answers quickly enough to read a "complete" by."""
+        return self.words is not None and self._stats.words_quick
 
     def overruled(self) -> None:
         """A "complete" the words overruled (counted beside the verdicts)."""
@@ -175,12 +185,15 @@ class EndOfTurnJudge:
             raise
         except Exception as exc:  # late, or the server failed: the voice decides
             self._stats.decisions["words_failed"] += 1
+            self._stats.words_quick = False
             log.warning(
                 "end-of-turn words judge failed; the voice decides",
                 extra={"session": self._session_id, "error": repr(exc)},
             )
         else:
-            self._stats.words.add(now() - asked)
+            took = now() - asked
+            self._stats.words.add(took)
+            self._stats.words_quick = took <= COMPLETE_WORDS_TIMEOUT_S
         if self._task is asyncio.current_task():
             self._task = None
         decided(probability)
