@@ -126,39 +126,35 @@ class EndOfTurn(SessionState):
         disagree, and the pause ends the turn after the split cap."""
         if not self._still_judging(verdict, generation):
             return
-        detection = self.turn_detection
-        assert detection is not None and detection.semantic is not None
         assert self._judge is not None
         self._verdict = dataclasses.replace(verdict, words_probability=probability)
         if probability is None or probability >= WORDS_UNLIKELY:
             self._end_now()  # no answer, or the words may end there: the voice decides
             return
         self._judge.overruled()
-        self._judge.count("words_held")
         self._verdict = dataclasses.replace(self._verdict, decision="unfinished")
-        log.debug(
-            "voice and words disagree: the split cap ends this pause",
-            extra={"session": self.id, "voice": verdict.probability, "words": probability},
-        )
-        ended = self._detector.end_after_silence(detection.semantic.split_cap_ms, this_pause=True)
-        if ended is not None:
-            self._on_turn_ended(ended, "silence")
+        self._split_cap("words_held", verdict.probability, probability)
 
     def _words_read(self, verdict: Verdict, probability: float | None, generation: int) -> None:
         """The voice heard the caller going on, the words read as a whole
         sentence: the pause ends the turn after the shorter split cap."""
         if not self._still_judging(verdict, generation):
             return
-        detection = self.turn_detection
-        assert detection is not None and detection.semantic is not None
-        assert self._judge is not None
         self._verdict = dataclasses.replace(verdict, words_probability=probability)
         if probability is None or probability < WORDS_LIKELY:
             return  # no answer, or both say the caller goes on: the cap
-        self._judge.count("words_hastened")
+        self._split_cap("words_hastened", verdict.probability, probability)
+
+    def _split_cap(self, outcome: str, voice: float | None, words: float) -> None:
+        """The voice and the words disagree: this pause ends the turn after
+        the split cap (at once if it is already that long)."""
+        detection = self.turn_detection
+        assert detection is not None and detection.semantic is not None
+        assert self._judge is not None
+        self._judge.count(outcome)
         log.debug(
             "voice and words disagree: the split cap ends this pause",
-            extra={"session": self.id, "words": probability},
+            extra={"session": self.id, "outcome": outcome, "voice": voice, "words": words},
         )
         ended = self._detector.end_after_silence(detection.semantic.split_cap_ms, this_pause=True)
         if ended is not None:
