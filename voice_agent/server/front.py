@@ -4,7 +4,7 @@ media worker processes behind it, the models in this process.
 This process owns what must be one per service: the port, admission (the
 capacity and the per-address offer limit count every worker's calls), the
 models (STT and TTS served to the workers on a private Unix socket by
-``server/speech_api.py``, the embedded LLM supervised as before), readiness
+``server/speech_api.py``, the embedded LLM as a supervised child), readiness
 and the aggregated stats. Its call endpoints are the single process's
 (``server/call_routes.py``) over the workers (``server/place_in_workers.py``):
 an offer is validated here, then forwarded to the least-loaded worker,
