@@ -51,15 +51,13 @@ from voice_agent.session.endpointing import (
     WORDS_LIKELY,
     words_unfinished,
 )
-from voice_agent.testing.audio_data import words
 from voice_agent.testing.figures import table
 
 # ``python bench/<script>.py`` puts bench/ on the path, not the checkout's
 # root, which the bench.* imports below are found from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.speech_sets import split_sets
-from bench.turn_taking import STANDS_ALONE, widest_middle_gap
+from bench.turn_taking import STANDS_ALONE, hesitant_cut, telephone_prompts
 
 RATE = 16_000
 JUDGED_AFTER_S = 0.2  # the end candidate's silence
@@ -103,7 +101,7 @@ def ends(item: Heard, threshold: float, words_floor: float, voice_sure: float) -
 
 def report(items: list[Heard], threshold: float) -> None:
     kinds = ("unfinished", "stands alone", "whole")
-    rules = [("voice (today)", 0.0, 2.0)]
+    rules = [("voice and dangling words", 0.0, 2.0)]
     for floor in (0.02, 0.05, 0.1, WORDS_LIKELY):
         for sure in (0.9, 0.95, 2.0):
             label = f"words >= {floor:g}" + (f" unless voice >= {sure:g}" if sure <= 1 else "")
@@ -129,14 +127,7 @@ async def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     settings = load_settings({})
-    prompts = [
-        u
-        for u in split_sets()[args.set]
-        if "/" not in u.name
-        and u.name[:3] != "mfa"
-        and not u.name.startswith("libri")
-        and len(words(u.text)) >= 5
-    ]
+    prompts = telephone_prompts(args.set)
     turn = registry.create("turn", "smart-turn", settings)
     stt = registry.create("stt", settings.stt, settings)
     llama = EmbeddedLlamaServer(weights_for(default_model_path(), "q8_0"), threads=2, ctx=1024)
@@ -146,8 +137,8 @@ async def main() -> None:
     try:
         for prompt in prompts:
             heard = []
-            gap = widest_middle_gap(prompt.audio)
-            if gap is not None and "." not in prompt.text.strip()[:-1]:
+            gap = hesitant_cut(prompt)
+            if gap is not None:
                 kind = "stands alone" if prompt.name in STANDS_ALONE else "unfinished"
                 heard.append(await hear(prompt.name, kind, prompt.audio[:gap], turn, stt, judge))
             heard.append(await hear(prompt.name, "whole", prompt.audio, turn, stt, judge))

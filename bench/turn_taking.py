@@ -51,7 +51,7 @@ from voice_agent.testing.serving import servers_side_by_side
 # root, which the bench.* imports below are found from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.speech_sets import filler_sounds, split_sets
+from bench.speech_sets import Utterance, filler_sounds, split_sets
 
 RATE = 16_000
 ARMS = {
@@ -109,16 +109,36 @@ def widest_middle_gap(audio: np.ndarray) -> int | None:
     return best * RATE // 100 if best is not None and best_len >= 4 else None
 
 
+def telephone_prompts(which: str) -> list[Utterance]:
+    """The Asterisk prompts of 5+ words in the set ``which`` ("tuning" or
+    "measurement")."""
+    return [
+        u
+        for u in split_sets()[which]
+        if "/" not in u.name
+        and u.name[:3] != "mfa"
+        and not u.name.startswith("libri")
+        and len(words(u.text)) >= 5
+    ]
+
+
+def hesitant_cut(prompt: Utterance) -> int | None:
+    """Where a one-sentence prompt is cut for a hesitant turn: its widest
+    middle gap (None: not one sentence, or no such gap)."""
+    if "." in prompt.text.strip()[:-1]:
+        return None
+    return widest_middle_gap(prompt.audio)
+
+
 def material(
     limit: int, finished: int
 ) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list[np.ndarray]]:
     """(name, first part, rest) of the hesitant prompts, and finished ones."""
-    prompts = [u for u in split_sets()["measurement"] if "/" not in u.name and u.name[:3] != "mfa"]
-    prompts = [u for u in prompts if not u.name.startswith("libri") and len(words(u.text)) >= 5]
+    prompts = telephone_prompts("measurement")
     hesitant = []
     for prompt in prompts:
-        gap = widest_middle_gap(prompt.audio)
-        if gap is not None and "." not in prompt.text.strip()[:-1]:
+        gap = hesitant_cut(prompt)
+        if gap is not None:
             hesitant.append((prompt.name, prompt.audio[:gap], prompt.audio[gap:]))
     return hesitant[:limit], [p.audio for p in prompts[len(prompts) - finished :]]
 
