@@ -55,6 +55,8 @@ def wire(engine: Engine) -> tuple[RealtimeProtocol, list[dict[str, Any]]]:
             "invalid_value",
         ),
         ('{"type": "response.cancel"}', "response_cancel_not_active"),
+        ('{"type": "response.cancel", "response_id": {"id": 1}}', "invalid_type"),
+        ('{"type": "response.cancel", "response_id": ["resp_1"]}', "invalid_type"),
         ("x" * 300_000, "event_too_large"),
         ("[" * 5000 + "]" * 5000, "invalid_json"),
         ('{"type": "session.update", "session": {"instructions": NaN}}', "invalid_json"),

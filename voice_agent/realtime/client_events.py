@@ -166,6 +166,8 @@ class ClientEvents:
 
     def _response_cancel(self, event: JsonDict) -> None:
         response_id = event.get("response_id")
+        if response_id is not None and not isinstance(response_id, str):
+            raise ClientEventError("invalid_type", "'response_id' must be a string", "response_id")
         if response_id is not None and not self._responses.in_progress(response_id):
             # One reply at a time: the one in progress is the only one to cancel.
             raise ClientEventError(
