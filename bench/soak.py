@@ -14,6 +14,8 @@ counter's change; then the object types and (with --tracemalloc) the
 allocating lines that grew most.
 
     .venv/bin/python bench/soak.py --calls 1000 --rounds 100
+    .venv/bin/python bench/soak.py --prompt please-try-call-later \
+        --server-arg=--llm-max-tokens --server-arg=12           # short calls
     .venv/bin/python bench/soak.py --calls 30 --rounds 4 --every 10 --warmup 10
     .venv/bin/python bench/soak.py --jemalloc           # the server on jemalloc
     .venv/bin/python bench/soak.py --server-arg=--no-malloc-trim   # glibc keeps what calls free
@@ -37,8 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.testing.audio_data import silence, telephone_prompt
 from voice_agent.testing.figures import table
 from voice_agent.testing.serving import start_server, wait_ready
 
@@ -46,7 +50,7 @@ from voice_agent.testing.serving import start_server, wait_ready
 # root, which the bench.* imports below are found from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.latency import one_call
+from bench.latency import connected, one_call, reply_heard
 from bench.load import CLIENT_NICE
 from bench.soak_samples import MB, OBJECTS, Sample, sample, slope_per_100
 
@@ -55,7 +59,22 @@ JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 
 
 # -- the caller: a client process taking one call per line on stdin --------
-async def client_main(url: str, index: int) -> None:
+async def prompted_call(url: str, http: aiohttp.ClientSession, prompt: np.ndarray) -> str:
+    """A call of one short turn (a telephone prompt), its reply heard out;
+    its response's status."""
+    client, _ = await connected(url, http)
+    try:
+        mark = len(client.events)
+        done = client.wait_for(lambda e: e.get("type") == "response.done", after=mark)
+        await client.mic.play(np.concatenate((prompt, silence(0.6))), 16000)
+        response = (await asyncio.wait_for(done, 60))["response"]
+        await reply_heard(client, response["id"], mark)
+        return str(response["status"])
+    finally:
+        await client.hangup(http)
+
+
+async def client_main(url: str, index: int, prompt_name: str | None) -> None:
     """Runs a call for each line read; prints each outcome as a JSON line."""
     os.nice(CLIENT_NICE)
     restrict_host_addresses(["127.0.0.1"])
@@ -63,13 +82,17 @@ async def client_main(url: str, index: int) -> None:
     commands = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
     calls = 0
+    prompt = None if prompt_name is None else telephone_prompt(prompt_name)
     async with aiohttp.ClientSession() as http:
         while await commands.readline():
             out: dict[str, Any]
             try:
-                # One turn; the clip rotates with the index (bench.latency.CLIPS).
-                turns, _ = await one_call(url, http, index + calls, 1, 0.0)
-                out = {"status": turns[0].status, "ms": turns[0].client_ms}
+                if prompt is not None:
+                    out = {"status": await prompted_call(url, http, prompt), "ms": None}
+                else:
+                    # One turn; the clip rotates with the index (bench.latency.CLIPS).
+                    turns, _ = await one_call(url, http, index + calls, 1, 0.0)
+                    out = {"status": turns[0].status, "ms": turns[0].client_ms}
             except (RuntimeError, TimeoutError, aiohttp.ClientError) as exc:
                 out = {"status": "error", "error": str(exc) or type(exc).__name__}
             calls += 1
@@ -84,9 +107,10 @@ class Caller:
         self.process = process
 
     @classmethod
-    async def start(cls, url: str, index: int) -> Caller:
+    async def start(cls, url: str, index: int, prompt: str | None) -> Caller:
+        chosen = ["--prompt", prompt] if prompt else []
         process = await asyncio.create_subprocess_exec(
-            *(sys.executable, __file__, "--client", url, "--index", str(index)),
+            *(sys.executable, __file__, "--client", url, "--index", str(index), *chosen),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -308,11 +332,16 @@ async def main() -> None:
         "--tracemalloc", type=int, default=0, help="server PYTHONTRACEMALLOC frames (0 = off)"
     )
     parser.add_argument("--server-arg", action="append", default=[], help="serve flag")
+    parser.add_argument(
+        "--prompt",
+        help="each call says this telephone prompt (tests/data/asterisk) instead of a "
+        "LibriVox sentence: shorter calls, for the 1,000 to fit in an hour and a half",
+    )
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
-        await client_main(args.client, args.index)
+        await client_main(args.client, args.index, args.prompt)
         return
 
     env: dict[str, str] = {}
@@ -332,7 +361,7 @@ async def main() -> None:
     try:
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, url)
-            callers = [await Caller.start(url, i) for i in range(CONCURRENT)]
+            callers = [await Caller.start(url, i, args.prompt) for i in range(CONCURRENT)]
             run = Run(http, url, server.pid, args, callers)
             started = time.monotonic()
             run.samples.append(await sample(http, url, server.pid, "idle", 0, False))
