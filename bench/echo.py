@@ -12,9 +12,11 @@ that much, up and then down in turn, one second into each reply). Counted
 per reply:
 - false barge-in: the reply was cancelled by a "turn" the caller never spoke;
 - phantom turns: speech the server detected while the caller was silent.
-Then real barge-ins: the caller speaks a recorded sentence one second into
-a long reply; counted are replies cut (as they must be) and the word error
-rate of what the caller said, against a clean line (no echo at all).
+Then real barge-ins: the caller speaks a recorded sentence (and, with
+--short-barge-ins, a one-word "no") one second into a long reply; counted
+are replies cut (as they must be; a reply that ended of itself before the
+caller finished is left out) and the word error rate of what the caller
+said, against a clean line (no echo at all).
 
     .venv/bin/python bench/echo.py
     .venv/bin/python bench/echo.py --settings on --step-ms 40 --turns 8
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import signal
 import sys
@@ -35,7 +38,13 @@ import numpy as np
 
 from voice_agent.client import RealtimeClient, SimulatedEcho
 from voice_agent.rtc.call import restrict_host_addresses
-from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
+from voice_agent.testing.audio_data import (
+    librivox,
+    reference,
+    silence,
+    telephone_prompt,
+    word_error_rate,
+)
 from voice_agent.testing.figures import table
 from voice_agent.testing.serving import start_server, wait_ready
 
@@ -49,12 +58,14 @@ class QuietTurns:
     replies: int = 0
     false_barge_ins: int = 0
     phantom_turns: int = 0
+    heard: list[str] = field(default_factory=list)  # what the phantom turns were heard as
 
 
 @dataclass
 class BargeIns:
-    tried: int = 0
+    tried: int = 0  # the reply was still playing when the caller finished
     cut: int = 0
+    ended: int = 0  # the reply ended before the caller had finished
     wer: list[float] = field(default_factory=list)
     heard: list[str] = field(default_factory=list)
 
@@ -62,6 +73,32 @@ class BargeIns:
 def details_reason(response: dict[str, Any]) -> str | None:
     reason = (response.get("status_details") or {}).get("reason")
     return None if reason is None else str(reason)
+
+
+def transcripts_since(client: RealtimeClient, first_event: int) -> list[str]:
+    return [
+        str(event["transcript"])
+        for event in client.events[first_event:]
+        if event["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+
+
+def reply_text(response: dict[str, Any]) -> str:
+    return " ".join(
+        str(part.get("transcript") or part.get("text") or "")
+        for item in response.get("output") or []
+        for part in item.get("content") or []
+    )
+
+
+def ended_before(client: RealtimeClient, first_event: int, t: float) -> bool:
+    """Whether the reply's audio stopped of itself before ``t``."""
+    return any(
+        event["type"] == "output_audio_buffer.stopped" and at < t
+        for event, at in zip(
+            client.events[first_event:], client.event_times[first_event:], strict=True
+        )
+    )
 
 
 def speech_started_after(client: RealtimeClient, t: float) -> int:
@@ -89,6 +126,7 @@ async def quiet_turns(
     await asyncio.wait_for(client.wait_for_type("session.created"), 10)
     for turn in range(turns):
         clip = QUESTIONS[turn % len(QUESTIONS)]
+        first_event = len(client.events)
         playing = client.wait_for_type("output_audio_buffer.started", after=len(client.events))
         done = client.wait_for_type("response.done", after=len(client.events))
         sent = await client.mic.play(np.concatenate((librivox(clip), silence(0.3))), RATE)
@@ -106,15 +144,28 @@ async def quiet_turns(
         if response["status"] == "cancelled" and details.get("reason") == "turn_detected":
             result.false_barge_ins += 1
         result.phantom_turns += speech_started_after(client, sent)
+        # The first transcript is the caller's question; any after it, the echo's.
+        phantoms = transcripts_since(client, first_event)[1:]
+        if phantoms:
+            cut = "cut" if details.get("reason") == "turn_detected" else "not cut"
+            result.heard.append(f"{cut}: {phantoms} in reply {reply_text(response)!r}")
         await settle(client)
     await client.hangup(http)
     return result
 
 
 async def barge_ins(
-    url: str, http: aiohttp.ClientSession, echo: SimulatedEcho | None, turns: int
+    url: str,
+    http: aiohttp.ClientSession,
+    echo_db: float | None,
+    turns: int,
+    said: tuple[np.ndarray, str],
 ) -> BargeIns:
+    """``echo_db``: the echo's level (None: a clean line); ``said``: the
+    interruption's audio and its words."""
+    audio, words = said
     result = BargeIns()
+    echo = None if echo_db is None else SimulatedEcho(150, echo_db)
     client = RealtimeClient(url, codec="audio/PCMU", echo=echo)
     await client.connect(http)
     await asyncio.wait_for(client.wait_for_type("session.created"), 10)
@@ -137,16 +188,21 @@ async def barge_ins(
         heard = client.wait_for_type(
             "conversation.item.input_audio_transcription.completed", after=len(client.events)
         )
-        await client.mic.play(np.concatenate((librivox(BARGE_IN), silence(0.3))), RATE)
-        result.tried += 1
+        mark = len(client.events)
+        sent = await client.mic.play(np.concatenate((audio, silence(0.3))), RATE)
         try:
             response: dict[str, Any] = (await asyncio.wait_for(done, 30))["response"]
             transcript = (await asyncio.wait_for(heard, 30))["transcript"]
         except TimeoutError:
+            result.tried += 1
             continue
         if details_reason(response) == "turn_detected":
             result.cut += 1
-        result.wer.append(word_error_rate(reference(BARGE_IN), transcript))
+        elif ended_before(client, mark, sent - 0.3):
+            result.ended += 1  # nothing left to cut: not counted
+            continue
+        result.tried += 1
+        result.wer.append(word_error_rate(words, transcript))
         async with http.get(client.call_url) as status:
             echo_state = (await status.json()).get("echo_cancel") or {}
         result.heard.append(
@@ -164,6 +220,9 @@ async def main() -> None:
     )
     parser.add_argument("--turns", type=int, default=3, help="quiet turns per echo level")
     parser.add_argument("--barge-ins", type=int, default=3, help="real barge-ins per setting")
+    parser.add_argument(
+        "--short-barge-ins", type=int, default=0, help="and real barge-ins of a short 'no'"
+    )
     parser.add_argument("--levels", default="-12,-6,0", help="echo levels, dB")
     parser.add_argument("--settings", default="off,on", help="--echo-cancel settings to run")
     parser.add_argument(
@@ -177,6 +236,7 @@ async def main() -> None:
     quiet_rows: list[list[object]] = []
     barge_rows: list[list[object]] = []
     heard_rows: list[list[object]] = []
+    phantom_rows: list[list[object]] = []
     for setting in args.settings.split(","):
         server, url = await start_server("--echo-cancel", setting, "--llm-max-tokens", "120")
         try:
@@ -184,6 +244,7 @@ async def main() -> None:
                 await wait_ready(http, url)
                 for level in levels:
                     quiet = await quiet_turns(url, http, level, args.turns, args.step_ms)
+                    phantom_rows += [[setting, f"{level:+.0f} dB", text] for text in quiet.heard]
                     quiet_rows.append(
                         [
                             setting,
@@ -193,20 +254,24 @@ async def main() -> None:
                             quiet.phantom_turns,
                         ]
                     )
-                lines: list[tuple[str, SimulatedEcho | None]] = [
-                    ("echo -6 dB", SimulatedEcho(150, -6))
-                ]
+                # Echo levels (dB); each call gets its own echo, lined up with it.
+                lines: list[tuple[str, float | None]] = [("echo -6 dB", -6.0)]
                 if setting == "on":
                     lines.append(("clean line", None))
-                for name, echo in lines:
-                    barge = await barge_ins(url, http, echo, args.barge_ins)
+                interruptions = [("long", (librivox(BARGE_IN), reference(BARGE_IN)))]
+                if args.short_barge_ins:
+                    interruptions.append(("'no'", (telephone_prompt("no"), "no")))
+                for (kind, said), (name, gain) in itertools.product(interruptions, lines):
+                    count = args.barge_ins if kind == "long" else args.short_barge_ins
+                    barge = await barge_ins(url, http, gain, count, said)
                     wer = barge.wer
-                    heard_rows += [[setting, name, text] for text in barge.heard]
+                    heard_rows += [[setting, name, kind, text] for text in barge.heard]
                     barge_rows.append(
                         [
                             setting,
                             name,
-                            f"{barge.cut}/{barge.tried}",
+                            kind,
+                            f"{barge.cut}/{barge.tried} ({barge.ended} ended first)",
                             f"{np.mean(wer):.2f}" if wer else "-",
                             " ".join(f"{w:.2f}" for w in wer),
                         ]
@@ -220,10 +285,15 @@ async def main() -> None:
             quiet_rows,
             ["echo cancel", "echo level", "replies", "false barge-ins", "phantom turns"],
         )
+        + "\n\nPhantom turns heard as (reply cut or not: transcript):\n"
+        + table(phantom_rows, ["echo cancel", "echo level", "heard"])
         + "\n\nReal barge-ins one second into a reply:\n"
-        + table(barge_rows, ["echo cancel", "line", "replies cut", "mean WER", "WER each"])
-        + f"\n\nWhat was heard of {reference(BARGE_IN)!r} (reply status/reason: transcript):\n"
-        + table(heard_rows, ["echo cancel", "line", "heard"])
+        + table(
+            barge_rows,
+            ["echo cancel", "line", "interruption", "replies cut", "mean WER", "WER each"],
+        )
+        + f"\n\nWhat was heard (long: {reference(BARGE_IN)!r}; reply status/reason: transcript):\n"
+        + table(heard_rows, ["echo cancel", "line", "interruption", "heard"])
         + "\n"
     )
 

@@ -2,7 +2,8 @@
 turn it may start is certain (100 ms): a click that stops sooner lets the
 reply go on after two quiet frames; speech that becomes a turn keeps it
 paused until the turn is judged. On the real outbound track, and in a
-session whose turns become manual mid-onset."""
+session whose turns become manual mid-onset. A burst heard only where the
+reply's own echo may be is told apart from one heard where it cannot."""
 
 from __future__ import annotations
 
@@ -88,3 +89,49 @@ def test_turns_taken_by_hand_mid_onset_leave_the_reply_playing() -> None:
     assert output.paused
     barge_in.release("turn abandoned")  # the session went to push-to-talk
     assert not output.paused
+
+
+def test_a_burst_heard_only_while_the_replys_echo_could_return_may_be_that_echo() -> None:
+    # On a line that echoes, the reply falls quiet at the onset and its
+    # echo ends one delay later: a burst that ends within that window may
+    # be the echo the canceller let through, whatever words it held.
+    output = PacedAudioTrack()
+    barge_in = BargeIn(output, min_voiced_ms=500, session_id="s")
+    reply = ReplyStandIn()
+    for _ in range(5):
+        barge_in.frame_heard(True, echo_may_return=True)
+        barge_in.onset_frame(True)
+    assert barge_in.hold(reply, generation=1)  # type: ignore[arg-type]
+    for voiced in (True, True, False, False):
+        barge_in.frame_heard(voiced, echo_may_return=True)
+    for _ in range(10):  # the echo's delay is over: quiet
+        barge_in.frame_heard(False, echo_may_return=False)
+    assert barge_in.own_echo()
+    barge_in.release("own echo")
+    assert not barge_in.own_echo() and not output.paused and reply.cancelled == []
+
+
+def test_a_caller_heard_after_the_echo_could_return_is_not_taken_for_it() -> None:
+    output = PacedAudioTrack()
+    barge_in = BargeIn(output, min_voiced_ms=500, session_id="s")
+    reply = ReplyStandIn()
+    for _ in range(5):
+        barge_in.frame_heard(True, echo_may_return=True)
+        barge_in.onset_frame(True)
+    assert barge_in.hold(reply, generation=1)  # type: ignore[arg-type]
+    barge_in.frame_heard(True, echo_may_return=True)
+    assert barge_in.own_echo()  # so far, it could be
+    barge_in.frame_heard(True, echo_may_return=False)  # still speaking once no echo can be
+    assert not barge_in.own_echo()
+    barge_in.frame_heard(False, echo_may_return=True)  # (the agent is not playing again)
+    assert not barge_in.own_echo()
+
+
+def test_on_a_line_without_echo_no_burst_is_taken_for_echo() -> None:
+    output = PacedAudioTrack()
+    barge_in = BargeIn(output, min_voiced_ms=500, session_id="s")
+    for _ in range(5):
+        barge_in.frame_heard(True, echo_may_return=False)
+        barge_in.onset_frame(True)
+    assert barge_in.hold(ReplyStandIn(), generation=1)  # type: ignore[arg-type]
+    assert not barge_in.own_echo()  # even before another frame is heard

@@ -231,13 +231,16 @@ def run_canceller(
     bursts: list[int],
     first_late_frames: int = 0,
     lost: set[int] | None = None,
+    may_return: dict[int, bool] | None = None,
 ) -> tuple[np.ndarray, EchoCanceller]:
     """Feed a canceller the way a call does: each far-end frame as it
     leaves, the near end 80 ms behind it with its stream positions, in
     bursts of a few 20 ms frames (inbound jitter). ``first_late_frames``:
     the caller's first packet comes that many frames later than the rest
-    would; ``lost``: near-end frames (indexes) that never arrive. Returns
-    the cleaned audio, zeros where frames were lost."""
+    would; ``lost``: near-end frames (indexes) that never arrive;
+    ``may_return`` gets, for each near-end frame, what the canceller said
+    of its own echo after it. Returns the cleaned audio, zeros where
+    frames were lost."""
     far_48k = np.repeat(far, 3)  # the canceller decimates what it is told was played
     sent = {"position": 0}
     canceller = EchoCanceller(lambda: sent["position"] // 3)
@@ -260,6 +263,8 @@ def run_canceller(
                 at = index * 320
                 cleaned = canceller.process(near[at : at + 320], at)
                 out[at : at + len(cleaned)] = cleaned
+                if may_return is not None:
+                    may_return[index] = canceller.echo_may_return
             waiting, release_after = [], next(burst, 1)
     return out, canceller
 
@@ -436,3 +441,36 @@ def test_a_word_played_while_the_caller_sent_nothing_is_still_cancelled() -> Non
     heard_back = slice((word.stop // 320 + 1) * 320, word.stop + delay + RATE // 10)
     assert level_db(near[heard_back]) > 50.0
     assert level_db(near[heard_back]) - level_db(out[heard_back]) >= 15.0
+
+
+def test_the_agents_own_echo_may_be_heard_until_its_delay_after_it_stops() -> None:
+    # What the barge-in rule is told (session/barge_in.py): on a line that
+    # echoes, a burst heard while the agent plays, or within its echo's
+    # delay (plus 100 ms) after it stopped, may be nothing but that echo.
+    speech = librivox("0870").astype(np.float64)
+    stop = 5 * RATE
+    far = np.zeros(stop + 2 * RATE)
+    far[:stop] = speech[:stop]
+    delay = int(0.2 * RATE)
+    near = np.clip(room_echo(far, delay), -32768, 32767).astype(np.int16)
+    frames: dict[int, bool] = {}
+    run_canceller(far.astype(np.int16), near, [1, 3, 1, 2] * 600, may_return=frames)
+    frame_at = {index: index * 320 for index in frames}
+    playing = [i for i, at in frame_at.items() if RATE <= at < stop + delay - 320]
+    assert playing and all(frames[i] for i in playing)
+    # The delay as found (within a frame), 100 ms of tail, then no echo.
+    over = [i for i, at in frame_at.items() if at >= stop + delay + int(0.14 * RATE)]
+    assert over and not any(frames[i] for i in over)
+    assert frames[(stop + delay + int(0.06 * RATE)) // 320]  # within the tail
+
+
+def test_on_a_line_found_without_echo_no_audio_is_taken_for_its_echo() -> None:
+    speech = librivox("0870").astype(np.float64)
+    far = speech[: 6 * RATE]
+    line = np.random.default_rng(1).normal(0, 30, len(far))
+    near = np.clip(line, -32768, 32767).astype(np.int16)
+    frames: dict[int, bool] = {}
+    _, canceller = run_canceller(far.astype(np.int16), near, [1, 3, 1, 2] * 600, may_return=frames)
+    assert canceller.presence.echo is False
+    last_second = [i for i in frames if i * 320 >= 5 * RATE - 640]
+    assert last_second and not any(frames[i] for i in last_second)

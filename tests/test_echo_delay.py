@@ -10,7 +10,7 @@ import pytest
 import webrtcvad
 
 from tests.test_echo import level_db, run_canceller
-from voice_agent.testing.audio_data import librivox
+from voice_agent.testing.audio_data import librivox, telephone_prompt
 
 RATE = 16_000
 STEP_AT_S = 6.0
@@ -71,3 +71,38 @@ def test_a_delay_step_of_40_ms_is_followed_and_its_echo_not_heard_as_speech(
     after = slice(int(STEP_AT_S * RATE), int((STEP_AT_S + 3.0) * RATE))
     assert level_db(near[after]) - level_db(out[after]) >= 8.0
     assert longest_speech_ms(out[RATE:end]) <= 300
+
+
+@pytest.mark.parametrize("after_s", [0.16, 0.24])
+def test_echo_after_a_step_is_still_taken_for_echo_and_a_caller_over_it_is_not(
+    after_s: float,
+) -> None:
+    # What the barge-in rule is told (session/barge_in.py): the echo the
+    # canceller lets through after a step is no louder on the line than
+    # before it, so it may still be the agent's own echo; a caller's "no"
+    # over the agent is louder than any echo could be.
+    speech = np.concatenate([librivox(c) for c in ("0870", "0880", "0890")])
+    end = int(LENGTH_S * RATE)
+    far = np.zeros(end + RATE)
+    far[:end] = speech[:end]
+    echo = stepped_room_echo(far, 0.20, after_s)
+    caller = np.zeros(len(far))
+    said = telephone_prompt("no").astype(np.float64)
+    at = int(9.0 * RATE)
+    caller[at : at + len(said)] = said
+    line = np.random.default_rng(0).normal(0, 30, len(far))
+    frames: dict[int, bool] = {}
+    for with_caller in (False, True):
+        near = np.clip(echo + line + (caller if with_caller else 0), -32768, 32767)
+        frames.clear()
+        run_canceller(
+            far.astype(np.int16), near.astype(np.int16), [1, 3, 1, 2] * 900, may_return=frames
+        )
+        speaking = [i for i in frames if at <= i * 320 < at + len(said)]
+        if not with_caller:
+            # From the echo's first judgement to the agent's end, steps included.
+            playing = [i for i in frames if 3 * RATE <= i * 320 < end]
+            assert playing and all(frames[i] for i in playing)
+        else:
+            louder = [i for i in speaking if not frames[i]]
+            assert len(louder) >= 3, (len(louder), len(speaking))

@@ -59,6 +59,19 @@ PLAYING_RMS = 30.0
 # since it was last found (the delay is followed, audio/echo_presence.py,
 # but a step is confirmed only after a few hundred ms of speech).
 ECHO_TAIL_CHUNKS = 20
+# How long after the echo's delay the agent's own echo may still be heard,
+# for telling a burst of it from a caller (``echo_may_return``): 100 ms,
+# the room's reverberation, a delay step of 40 ms not yet followed, and the
+# VAD's last frame. Shorter than the tail above, which only decides whose
+# output to use, because a caller's short "no" after the agent falls quiet
+# is taken for echo within it.
+OWN_ECHO_TAIL_CHUNKS = 10
+# Near-end audio this far (dB) above the loudest the echo could be, two 10 ms
+# chunks running, is the caller, echo or not (audio/echo_presence.py). On
+# recorded speech with a speakerphone's echo, the echo alone came to at
+# most 1.7 dB above; a caller's "no" over it 6 dB at the median (over an
+# echo 6 dB down) and 0.6 (over one as loud as the agent), 5.4 at p90.
+CALLER_OVER_ECHO_DB = 4.0
 
 INSTALL_HINT = "echo cancellation needs the livekit package: pip install 'livekit==1.2.1'"
 
@@ -130,6 +143,9 @@ class EchoCanceller:
         self._read_end: int | None = None  # far-end position up to which AEC3 has been fed
         self._pending = np.zeros(0, dtype=np.int16)
         self._quiet_far_chunks = 0  # far-end chunks in a row with nothing played
+        self._played = False  # any far-end audio yet
+        self._caller_chunks = 0  # near-end chunks in a row louder than any echo
+        self.echo_may_return = False  # see the property's note below
         self._residual = ResidualEcho()
         self.presence = EchoPresence()
         self.stats = EchoStats()
@@ -169,6 +185,7 @@ class EchoCanceller:
             self._process_chunk(data[i : i + CHUNK], start + i) for i in range(0, whole, CHUNK)
         ]
         self._pending = data[whole:].copy()
+        self.echo_may_return = self._echo_may_return()
         return np.concatenate(cleaned) if cleaned else np.zeros(0, dtype=np.int16)
 
     def _bridge(self, start: int, end: int) -> None:
@@ -207,6 +224,9 @@ class EchoCanceller:
         # suppression, slow to let go after the agent stops, would cost
         # the words of a caller who has just cut the agent off.
         self.presence.push(far, near)
+        beyond = self.presence.beyond_echo_db()
+        louder = beyond is not None and beyond >= CALLER_OVER_ECHO_DB
+        self._caller_chunks = self._caller_chunks + 1 if louder else 0
         # What AEC3 lets through while it re-learns a moved echo path
         # (audio/residual_echo.py).
         out = self._residual.check(far, out, self.presence)
@@ -220,6 +240,22 @@ class EchoCanceller:
 
     def _note_far(self, playing: bool) -> None:
         self._quiet_far_chunks = 0 if playing else self._quiet_far_chunks + 1
+        self._played = self._played or playing
+
+    def _echo_may_return(self) -> bool:
+        """Whether the inbound audio just processed may be nothing but the
+        agent's own echo (``echo_may_return``, for session/barge_in.py): on
+        a line that echoes (or is not judged yet), from the first audio the
+        agent played until its echo's delay after it last played, plus
+        OWN_ECHO_TAIL_CHUNKS, unless it is louder than the echo can be. Echo
+        AEC3 lets through there, and Whisper's words in it, cannot be told
+        from the caller otherwise."""
+        return (
+            self._played
+            and self.presence.echo is not False
+            and self._quiet_far_chunks <= self.presence.echo_delay_chunks + OWN_ECHO_TAIL_CHUNKS
+            and self._caller_chunks < 2
+        )
 
     def _count(self, near: np.ndarray, out: np.ndarray, playing: bool) -> None:
         stats = self.stats

@@ -29,6 +29,14 @@ grows and shrinks, a transfer puts another phone on the line. A new delay
 counts once two judgements running agree on it (200 ms), and the
 canceller's tail and its residual-echo check (audio/residual_echo.py) use
 the delay as it is now.
+
+With echo found, the line's echo return (how much louder or quieter the
+echo comes back than the agent was sent, the median over the window) says
+how loud the echo can be now: the agent's loudest chunk within 120 ms of
+the delay found, plus that return. Near-end audio well above it is not
+the echo alone: the caller is speaking (``beyond_echo_db``). AEC3 may let
+an echo through while it re-learns a moved path, but the echo's level on
+the line stays what it was, so this holds when the canceller does not.
 """
 
 from __future__ import annotations
@@ -63,6 +71,9 @@ ECHO_STREAK = 2
 NO_ECHO_CORRELATION = 0.5
 NO_ECHO_STREAK = 3
 QUIET_SHARE = 0.7
+# The delays around the one found that the echo's level is taken from: it
+# may have stepped 120 ms either way since (as audio/residual_echo.py).
+LEVEL_SPREAD = 12
 
 
 def energy_db(chunk: np.ndarray) -> float:
@@ -84,6 +95,9 @@ class EchoPresence:
         self._quiet_streak = 0
         self._candidate: int | None = None  # a new delay seen once, once echo is found
         self.delay_changes = 0
+        # The echo's level against the agent's (dB, the median near less far
+        # at the delay found over the window's agent speech), once echo is found.
+        self.echo_return_db: float | None = None
 
     @property
     def echo_delay_chunks(self) -> int:
@@ -111,6 +125,7 @@ class EchoPresence:
         self.best_correlation = correlation
         if self.echo is True:
             self._track(correlation, lag)
+            self._measure_return()
             return
         if correlation >= ECHO_CORRELATION:
             same = self._echo_lag is not None and abs(lag - self._echo_lag) <= SAME_DELAY
@@ -118,6 +133,7 @@ class EchoPresence:
             self._echo_lag, self._quiet_streak = lag, 0
             if self._echo_streak >= ECHO_STREAK:
                 self.echo = True
+                self._measure_return()
         else:
             self._echo_streak, self._echo_lag = 0, None
             quiet = correlation < NO_ECHO_CORRELATION and self._caller_quiet()
@@ -141,6 +157,30 @@ class EchoPresence:
             self.delay_changes += 1
             return
         self._candidate = lag
+
+    def _measure_return(self) -> None:
+        """The echo's level against the agent's, at the delay found."""
+        assert self._echo_lag is not None
+        far, near = self._window()
+        lag = self._echo_lag
+        sent, heard = far[: len(far) - lag], near[lag:]
+        active = sent >= FAR_ACTIVE_DB
+        if int(active.sum()) >= MIN_ACTIVE:
+            self.echo_return_db = float(np.median(heard[active] - sent[active]))
+
+    def beyond_echo_db(self) -> float | None:
+        """How far (dB) the latest near-end chunk is above the loudest echo
+        the agent's audio could make of it; None until echo is found."""
+        if self.echo is not True or self.echo_return_db is None or self._echo_lag is None:
+            return None
+        latest = self._count - 1
+        nearest = max(0, self._echo_lag - LEVEL_SPREAD)
+        farthest = min(self._echo_lag + LEVEL_SPREAD, self._filled - 1)
+        if farthest < nearest:
+            return None
+        ago = np.arange(nearest, farthest + 1)
+        loudest = float(self._far[(latest - ago) % WINDOW].max())
+        return float(self._near[latest % WINDOW]) - (loudest + self.echo_return_db)
 
     def _window(self) -> tuple[np.ndarray, np.ndarray]:
         """The envelopes in the window, oldest first."""

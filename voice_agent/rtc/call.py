@@ -170,13 +170,15 @@ class Call(CallCore):
         if self.held:
             return  # music on hold, or whatever the phone sends meanwhile
         echo = self.echo
+        echo_may_return = False
         if echo is not None:
             try:
                 samples = echo.process(samples, position)
+                echo_may_return = echo.echo_may_return
             except Exception:  # a native failure mid-call: hear the caller as is
                 log.exception("echo cancellation failed", extra={"call_id": self.id})
                 self._stop_echo()
-        self.session.push_audio(samples)
+        self.session.push_audio(samples, echo_may_return=echo_may_return)
 
     def _stop_echo(self) -> None:
         echo, self.echo = self.echo, None

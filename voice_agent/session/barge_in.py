@@ -16,6 +16,20 @@ burst is not answered. The burst's first pause is when it is first judged:
 its speculative transcript there, if it has no words but a backchannel's,
 ends that turn at once so the reply resumes soon; if it has words, the
 reply is cancelled and the caller's turn goes on whole.
+
+On a line that echoes, the canceller lets some of the agent's own voice
+through while it re-learns a delay that moved (a phone's jitter buffer, a
+transfer), and Whisper hears words in it ("Thank you.", "to be called"):
+words alone cannot tell that from a caller. Timing and level can. The
+reply falls quiet at the onset, so its echo ends one echo delay later,
+and the echo is never louder on the line than the agent's level and the
+line's echo return allow. The call says, frame by frame, whether a frame
+may be nothing but the reply's echo (audio/echo.py); a burst heard only
+in such frames is taken for that echo, words or not, and the reply goes
+on. A caller's interruption outlasts the echo or is louder than it. The
+price, on such lines only: a one-word "no" no louder than the echo that
+ends within the echo's delay (plus 100 ms) of the agent falling quiet is
+taken for echo too; said again, louder or longer, it interrupts.
 """
 
 from __future__ import annotations
@@ -48,6 +62,9 @@ def is_backchannel(text: str) -> bool:
 class _Held:
     response: Reply
     generation: int  # the user turn that paused it
+    # The burst began while the reply's echo could come back, and no
+    # speech has been heard since at a moment when it could not.
+    maybe_echo: bool = False
 
 
 class BargeIn:
@@ -66,6 +83,7 @@ class BargeIn:
         self._onset_frames = 0  # voiced frames in a row over the reply, before a turn
         self._onset_quiet = 0  # then quiet frames in a row
         self._onset_paused = False  # paused by them, no turn started yet
+        self._echo_may_return = False  # the latest frame's, as the call said
         self.onsets_lifted = 0  # onset pauses no turn followed (clicks, echo bursts)
         self.resumed = 0  # bursts that were not interruptions
         self.confirmed = 0  # paused replies the caller did interrupt
@@ -91,6 +109,20 @@ class BargeIn:
             log.debug("onset pause lifted: no turn", extra={"session": self._session_id})
             self.lift_onset()
 
+    def frame_heard(self, voiced: bool, echo_may_return: bool) -> None:
+        """Every frame while turns are detected: ``echo_may_return`` says
+        whether the agent's own echo may be in it (a line that echoes, the
+        agent playing, or its echo's delay not yet over)."""
+        self._echo_may_return = echo_may_return
+        held = self._held
+        if held is not None and voiced and not echo_may_return:
+            held.maybe_echo = False  # speech where no echo could be: the caller's
+
+    def own_echo(self) -> bool:
+        """Whether the burst holding the reply was heard only where its own
+        echo could be (so it may be nothing but that echo)."""
+        return self._held is not None and self._held.maybe_echo
+
     def lift_onset(self) -> None:
         """The onset's pause is over: no turn came of it (or none will be
         detected: turns are taken by hand now)."""
@@ -111,6 +143,7 @@ class BargeIn:
             self._held = _Held(response, generation)
         else:
             self._held.generation = generation  # another burst over the same reply
+        self._held.maybe_echo = self._echo_may_return
         return True
 
     def holding(self, generation: int | None = None) -> bool:

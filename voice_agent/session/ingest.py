@@ -36,9 +36,13 @@ from voice_agent.stages.turns import (
 class AudioIngest(SessionState):
     """Audio in, turn events out; turns taken by hand; detector settings."""
 
-    def push_audio(self, samples: np.ndarray, from_track: bool = True) -> None:
+    def push_audio(
+        self, samples: np.ndarray, from_track: bool = True, echo_may_return: bool = False
+    ) -> None:
         """16 kHz mono int16 audio, any length: from the media track, or sent
-        by the client as data (``from_track=False``), which silences the track."""
+        by the client as data (``from_track=False``), which silences the track.
+        ``echo_may_return``: the call's echo canceller says the agent's own
+        echo may be in this audio (session/barge_in.py)."""
         if self._closed or self._ending or (from_track and self._track_muted):
             return
         if not from_track and not self._track_muted:
@@ -58,6 +62,7 @@ class AudioIngest(SessionState):
             if detection is None:
                 self._manual.push(frame, voiced)
                 continue
+            self._barge_in.frame_heard(voiced, echo_may_return)
             if not self._detector.in_turn:
                 replying = detection.interrupt_response and self._replying()
                 self._barge_in.onset_frame(voiced and replying)

@@ -82,9 +82,10 @@ class Speculating(SessionState):
 
     def _decide_barge_in(self, heard: Heard) -> bool:
         """Speech over a paused reply has paused: its words so far decide.
-        None, or a backchannel: end that turn now (True), so the reply goes
-        on soon (a cough, an "mm-hmm"). Words: the caller has the turn."""
-        if is_backchannel(heard.text):
+        None, or a backchannel, or heard only where the reply's own echo
+        could be: end that turn now (True), so the reply goes on soon (a
+        cough, an "mm-hmm", an echo). Words: the caller has the turn."""
+        if is_backchannel(heard.text) or self._barge_in.own_echo():
             ended = self._detector.end_turn()
             if ended is not None:
                 self._on_turn_ended(ended, "barge_in")

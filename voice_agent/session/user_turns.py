@@ -105,12 +105,14 @@ class UserTurns(SessionState):
         if metrics.stt_start is not None and metrics.stt_done is not None:
             self.stt_latency.add(metrics.stt_done - metrics.stt_start)
         if self._barge_in.holding(generation):
-            if heard.unheard is not None or is_backchannel(heard.text):
-                # A cough or an "mm-hmm" over the reply: it goes on, unanswered.
+            own_echo = self._barge_in.own_echo()
+            if heard.unheard is not None or is_backchannel(heard.text) or own_echo:
+                # A cough, an "mm-hmm" or the reply's own echo: it goes on, unanswered.
                 self._emit(UserTranscript(item_id, heard.text))
                 if spec is not None and spec.response is not None:
                     spec.response.cancel("superseded")
-                self._barge_in.release("backchannel" if heard.text.strip() else "no words")
+                words = "backchannel" if heard.text.strip() else "no words"
+                self._barge_in.release("own echo" if own_echo else words)
                 return
             self._barge_in.confirm()
         if heard.unheard is not None:
