@@ -172,3 +172,34 @@ def test_an_operators_openmp_wait_policy_wins_and_an_inherited_default_is_not_th
                 {**operator, "OMP_WAIT_POLICY": policy}, omp_wait
             )
             assert chosen["OMP_WAIT_POLICY"] == policy
+
+
+def private_kib(pid: int) -> int:
+    """The process's own memory (anonymous pages: the KV cache, not the
+    mapped weights)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon")
+
+
+@pytest.mark.models
+async def test_a_q8_0_kv_cache_answers_and_takes_less_memory_than_f16() -> None:
+    # The pool is allocated whole at start-up: 4 slots of 1024 tokens.
+    sizes: dict[str, int] = {}
+    for kv_type in ("f16", "q8_0"):
+        server = EmbeddedLlamaServer(
+            default_model_path(), threads=1, ctx=1024, parallel=4, kv_type=kv_type
+        )
+        await server.start()
+        llm = OpenAIChatLlm(HttpLlmConfig(server.base_url, None, "test", first_token_timeout_s=30))
+        try:
+            assert await reply(llm)
+            assert server._process is not None
+            sizes[kv_type] = private_kib(server._process.pid)
+        finally:
+            await llm.aclose()
+            await server.stop()
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64: 4096 tokens are 90 MiB in f16.
+    saved_mib = (sizes["f16"] - sizes["q8_0"]) / 1024
+    assert 35 <= saved_mib <= 55, sizes

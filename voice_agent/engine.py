@@ -275,6 +275,7 @@ class Engine:
                 binary=Path(s.llama_server_binary) if s.llama_server_binary else None,
                 parallel=s.llama_parallel,
                 cache_ram_mb=s.llama_cache_ram_mb,
+                kv_type=s.llama_kv_type,
                 verbose=s.llama_verbose,
                 omp_wait=s.llama_omp_wait,
             )

@@ -170,6 +170,11 @@ class LlmSettings(BaseModel):
         description="Embedded llama-server slots, decoded together (continuous batching); "
         "requests beyond them queue, and none interrupts another.",
     )
+    llama_kv_type: Literal["f16", "q8_0"] = Field(
+        "f16",
+        description="Embedded llama-server's KV cache type (keys and values): q8_0 halves the "
+        "pool and the RAM cache of idle prompts (flash attention on).",
+    )
     llama_cache_ram_mb: int = Field(
         256, ge=0, description="Embedded llama-server's RAM cache of idle slots' prompts (MiB)."
     )

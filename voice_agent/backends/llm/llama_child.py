@@ -176,6 +176,7 @@ class LlamaCommandLine:
     parallel: int
     cache_ram_mb: int
     cache_reuse: int
+    kv_type: str
     poll: int
     verbose: bool
     binary: Path | None
@@ -218,6 +219,14 @@ class LlamaCommandLine:
             str(self.cache_ram_mb),
             "--cache-reuse",
             str(self.cache_reuse),
+            # A quantized V cache needs flash attention (llama.cpp refuses it
+            # without); f16 leaves it to llama.cpp ("auto").
+            *(
+                ["--cache-type-k", self.kv_type, "--cache-type-v", self.kv_type]
+                if self.kv_type != "f16"
+                else []
+            ),
+            *(["--flash-attn", "on"] if self.kv_type != "f16" else []),
             "--threads",
             str(self.threads),
             # Prompt processing with fewer threads than generation makes the

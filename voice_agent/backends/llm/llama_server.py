@@ -96,6 +96,7 @@ class EmbeddedLlamaServer(LlamaCommandLine):
         cache_reuse: int = 256,
         verbose: bool = False,
         omp_wait: OmpWait = "spin",
+        kv_type: str = "f16",
     ) -> None:
         if command is None and not model_path.is_file():
             raise LlamaServerError(f"GGUF model not found: {model_path}")
@@ -103,6 +104,7 @@ class EmbeddedLlamaServer(LlamaCommandLine):
         self.parallel = parallel
         self.cache_ram_mb = cache_ram_mb
         self.cache_reuse = cache_reuse
+        self.kv_type = kv_type
         self.verbose = verbose
         self.omp_wait = omp_wait
         self.system_info: str | None = None  # the build's CPU features, as it says
