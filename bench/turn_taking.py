@@ -270,14 +270,16 @@ async def false_barge_in(
 
 
 def last_sound_after(client: RealtimeClient, onset: float) -> float | None:
-    """When the reply last sounded after ``onset`` (before 100 ms of quiet)."""
+    """When the reply sounding at ``onset`` last sounded (before 100 ms of
+    quiet); a sound that starts later (the answer to the interruption,
+    after a reply that ran out of itself) is not that reply's."""
     received = client.received
     last = None
     for samples, arrived in zip(received.chunks, received.arrivals, strict=True):
         if arrived < onset:
             continue
         if samples.size and int(np.abs(samples).max()) > 500:
-            if last is not None and arrived - last > 0.1:
+            if arrived - (onset if last is None else last) > 0.1:
                 break
             last = arrived
     return last
