@@ -269,17 +269,24 @@ async def false_barge_in(
     await quiet(client)
 
 
+# A reply's own sound resumes within this of the onset (a gap between its
+# sentences); the answer to the interruption comes seconds later.
+FIRST_GAP_S = 0.5
+
+
 def last_sound_after(client: RealtimeClient, onset: float) -> float | None:
     """When the reply sounding at ``onset`` last sounded (before 100 ms of
-    quiet); a sound that starts later (the answer to the interruption,
-    after a reply that ran out of itself) is not that reply's."""
+    quiet); a sound that starts more than FIRST_GAP_S later (the answer to
+    the interruption, after a reply that ran out of itself) is not that
+    reply's."""
     received = client.received
     last = None
     for samples, arrived in zip(received.chunks, received.arrivals, strict=True):
         if arrived < onset:
             continue
         if samples.size and int(np.abs(samples).max()) > 500:
-            if arrived - (onset if last is None else last) > 0.1:
+            since, allowed = (onset, FIRST_GAP_S) if last is None else (last, 0.1)
+            if arrived - since > allowed:
                 break
             last = arrived
     return last

@@ -43,7 +43,7 @@ from voice_agent.testing.serving import start_server, wait_ready
 # root, which the bench.* imports below are found from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.turn_taking import LONG_REPLY, material
+from bench.turn_taking import FIRST_GAP_S, LONG_REPLY, material
 
 RATE = 16_000
 WIRE_RATE = 24_000
@@ -122,12 +122,14 @@ class WsCaller:
 
     def last_sound_after(self, onset: float) -> float | None:
         """When the reply sounding at ``onset`` last sounded (before 100 ms
-        without sound); a sound that starts later is another reply's."""
+        without sound); one that starts more than FIRST_GAP_S later is
+        another reply's."""
         last = None
         for arrived, peak in self.sound:
             if arrived < onset - 0.1 or peak <= SOUNDING:
                 continue
-            if arrived - (onset if last is None else last) > 0.1:
+            since, allowed = (onset, FIRST_GAP_S) if last is None else (last, 0.1)
+            if arrived - since > allowed:
                 break
             last = arrived
         return last
