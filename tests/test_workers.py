@@ -5,6 +5,7 @@ real models."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -287,3 +288,38 @@ async def test_a_websocket_session_through_the_front_is_served_by_a_worker(
             if (await server.json(http, "/v1/stats"))["calls"] == 0:
                 break
             await asyncio.sleep(0.1)  # the worker's call stream reaches the front
+
+
+def runtime_dirs(parent: Path) -> list[Path]:
+    return list(parent.glob("voice-agent-*"))
+
+
+async def test_a_front_killed_outright_leaves_its_sockets_and_the_next_front_removes_them(
+    http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # SIGKILL (the OOM killer, a container stopped hard) gives the front no
+    # chance to remove its directory of Unix sockets; the next one does.
+    env = {"TMPDIR": str(tmp_path)}
+    first, url = await start_server("--workers", "2", env=env, own_process_group=True)
+    try:
+        await wait_ready(http, url, timeout_s=240)
+        (left,) = runtime_dirs(tmp_path)
+        assert (left / "speech.sock").exists()
+        processes = descendants(first.pid)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        await first.wait()
+    for pid in processes:  # the whole group went with it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert left.is_dir()
+    second, url = await start_server("--workers", "2", env=env)
+    try:
+        await wait_ready(http, url, timeout_s=240)
+        assert not left.exists()
+        (mine,) = runtime_dirs(tmp_path)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await second.wait()
+    assert not mine.exists()

@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import tempfile
-from pathlib import Path
 
 from aiohttp import web
 
@@ -31,6 +29,7 @@ from voice_agent.server.app_keys import ENGINE, LOOP_HEALTH, SHUTTING_DOWN
 from voice_agent.server.auth import AUTH
 from voice_agent.server.call_routes import add_call_routes
 from voice_agent.server.place_in_workers import InWorkers
+from voice_agent.server.runtime_dir import make_runtime_dir, sweep_stale_runtime_dirs
 from voice_agent.server.speech_api import add_speech_routes
 from voice_agent.server.worker_pool import WorkerPool
 
@@ -61,7 +60,8 @@ class FrontServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.engine = Engine(settings, hosts_sessions=False)
-        self._runtime_dir = Path(tempfile.mkdtemp(prefix="voice-agent-"))  # mode 0700
+        sweep_stale_runtime_dirs()  # what killed fronts left behind
+        self._runtime_dir = make_runtime_dir()
         self.speech_socket = str(self._runtime_dir / "speech.sock")
         self.pool = WorkerPool(settings, self._runtime_dir, settings.workers)
         self.pool.listeners.append(self._after_call)
