@@ -91,17 +91,24 @@ def test_turns_taken_by_hand_mid_onset_leave_the_reply_playing() -> None:
     assert not output.paused
 
 
-def test_a_burst_heard_only_while_the_replys_echo_could_return_may_be_that_echo() -> None:
-    # On a line that echoes, the reply falls quiet at the onset and its
-    # echo ends one delay later: a burst that ends within that window may
-    # be the echo the canceller let through, whatever words it held.
+def burst_over_a_reply(echo_may_return: bool) -> tuple[PacedAudioTrack, BargeIn, ReplyStandIn]:
+    """Speech over a reply for 100 ms, heard where the reply's echo may (or
+    may not) be: the reply held for it."""
     output = PacedAudioTrack()
     barge_in = BargeIn(output, min_voiced_ms=500, session_id="s")
     reply = ReplyStandIn()
     for _ in range(5):
-        barge_in.frame_heard(True, echo_may_return=True)
+        barge_in.frame_heard(True, echo_may_return=echo_may_return)
         barge_in.onset_frame(True)
     assert barge_in.hold(reply, generation=1)  # type: ignore[arg-type]
+    return output, barge_in, reply
+
+
+def test_a_burst_heard_only_while_the_replys_echo_could_return_may_be_that_echo() -> None:
+    # On a line that echoes, the reply falls quiet at the onset and its
+    # echo ends one delay later: a burst that ends within that window may
+    # be the echo the canceller let through, whatever words it held.
+    output, barge_in, reply = burst_over_a_reply(echo_may_return=True)
     for voiced in (True, True, False, False):
         barge_in.frame_heard(voiced, echo_may_return=True)
     for _ in range(10):  # the echo's delay is over: quiet
@@ -112,13 +119,7 @@ def test_a_burst_heard_only_while_the_replys_echo_could_return_may_be_that_echo(
 
 
 def test_a_caller_heard_after_the_echo_could_return_is_not_taken_for_it() -> None:
-    output = PacedAudioTrack()
-    barge_in = BargeIn(output, min_voiced_ms=500, session_id="s")
-    reply = ReplyStandIn()
-    for _ in range(5):
-        barge_in.frame_heard(True, echo_may_return=True)
-        barge_in.onset_frame(True)
-    assert barge_in.hold(reply, generation=1)  # type: ignore[arg-type]
+    _, barge_in, _ = burst_over_a_reply(echo_may_return=True)
     barge_in.frame_heard(True, echo_may_return=True)
     assert barge_in.own_echo()  # so far, it could be
     barge_in.frame_heard(True, echo_may_return=False)  # still speaking once no echo can be
@@ -128,10 +129,5 @@ def test_a_caller_heard_after_the_echo_could_return_is_not_taken_for_it() -> Non
 
 
 def test_on_a_line_without_echo_no_burst_is_taken_for_echo() -> None:
-    output = PacedAudioTrack()
-    barge_in = BargeIn(output, min_voiced_ms=500, session_id="s")
-    for _ in range(5):
-        barge_in.frame_heard(True, echo_may_return=False)
-        barge_in.onset_frame(True)
-    assert barge_in.hold(ReplyStandIn(), generation=1)  # type: ignore[arg-type]
+    _, barge_in, _ = burst_over_a_reply(echo_may_return=False)
     assert not barge_in.own_echo()  # even before another frame is heard
