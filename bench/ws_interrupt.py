@@ -43,13 +43,12 @@ from voice_agent.testing.serving import start_server, wait_ready
 # root, which the bench.* imports below are found from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.turn_taking import FIRST_GAP_S, LONG_REPLY, material
+from bench.turn_taking import SOUNDING_PEAK, last_sound, long_reply_request, material
 
 RATE = 16_000
 WIRE_RATE = 24_000
 FRAME_S = 0.02
 FRAME = int(WIRE_RATE * FRAME_S)
-SOUNDING = 500  # int16 peak
 CLIENT_NICE = 10
 
 
@@ -121,18 +120,9 @@ class WsCaller:
             await self._arrived.wait()
 
     def last_sound_after(self, onset: float) -> float | None:
-        """When the reply sounding at ``onset`` last sounded (before 100 ms
-        without sound); one that starts more than FIRST_GAP_S later is
-        another reply's."""
-        last = None
-        for arrived, peak in self.sound:
-            if arrived < onset - 0.1 or peak <= SOUNDING:
-                continue
-            since, allowed = (onset, FIRST_GAP_S) if last is None else (last, 0.1)
-            if arrived - since > allowed:
-                break
-            last = arrived
-        return last
+        """When the reply sounding at ``onset`` last sounded (deltas from
+        100 ms before it on: one may be sent just before the onset)."""
+        return last_sound(self.sound, onset, lead_s=0.1)
 
     def ended_itself(self, first_event: int, before: float) -> bool:
         """Whether the reply's audio ran out of itself (``stopped``, not
@@ -156,17 +146,8 @@ async def interrupt_once(caller: WsCaller, prompt: np.ndarray) -> float | str:
     sound (ms); "not stopped" if it sounded on through the caller's speech,
     "no reply" if none was sounding when the caller began."""
     mark = len(caller.events)
-    caller.send(
-        {
-            "type": "conversation.item.create",
-            "item": {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": LONG_REPLY}],
-            },
-        }
-    )
-    caller.send({"type": "response.create"})
+    for event in long_reply_request():
+        caller.send(event)
     await asyncio.wait_for(caller.wait_for("response.output_audio.delta", mark), 30)
     await asyncio.sleep(0.5)
     onset = await caller.say(prompt) + speech_bounds(prompt)[0]
@@ -182,7 +163,7 @@ async def interrupt_once(caller: WsCaller, prompt: np.ndarray) -> float | str:
                 sys.stdout.write(f"  {at - onset:+.2f} s {event['type']} {detail}\n")
         sounds = [f"{at - onset:+.2f}:{peak}" for at, peak in caller.sound if at > onset - 0.2]
         sys.stdout.write("  sound " + " ".join(sounds[:40]) + "\n")
-    sounding = any(peak > SOUNDING for at, peak in caller.sound if onset - 0.3 <= at < onset)
+    sounding = any(peak > SOUNDING_PEAK for at, peak in caller.sound if onset - 0.3 <= at < onset)
     if not sounding or caller.ended_itself(mark, onset + 0.15):
         return "no reply"  # it had ended, or was ending, before the caller spoke
     if last - onset > len(prompt) / RATE:
