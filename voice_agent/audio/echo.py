@@ -145,7 +145,7 @@ class EchoCanceller:
         self._quiet_far_chunks = 0  # far-end chunks in a row with nothing played
         self._played = False  # any far-end audio yet
         self._caller_chunks = 0  # near-end chunks in a row louder than any echo
-        self.echo_may_return = False  # see the property's note below
+        self.echo_may_return = False  # for the audio last processed: _echo_may_return
         self._residual = ResidualEcho()
         self.presence = EchoPresence()
         self.stats = EchoStats()

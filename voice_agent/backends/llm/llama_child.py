@@ -182,6 +182,12 @@ class LlamaCommandLine:
     binary: Path | None
     _custom_command: list[str] | None
 
+    def _kv_flags(self) -> list[str]:
+        if self.kv_type == "f16":
+            return []
+        kv = self.kv_type
+        return ["--cache-type-k", kv, "--cache-type-v", kv, "--flash-attn", "on"]
+
     def _command(self) -> list[str]:
         if self._custom_command is not None:
             values = {
@@ -220,13 +226,8 @@ class LlamaCommandLine:
             "--cache-reuse",
             str(self.cache_reuse),
             # A quantized V cache needs flash attention (llama.cpp refuses it
-            # without); f16 leaves it to llama.cpp ("auto").
-            *(
-                ["--cache-type-k", self.kv_type, "--cache-type-v", self.kv_type]
-                if self.kv_type != "f16"
-                else []
-            ),
-            *(["--flash-attn", "on"] if self.kv_type != "f16" else []),
+            # without); f16 leaves both to llama.cpp's defaults.
+            *self._kv_flags(),
             "--threads",
             str(self.threads),
             # Prompt processing with fewer threads than generation makes the
