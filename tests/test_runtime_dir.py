@@ -34,7 +34,7 @@ def test_only_the_directories_of_dead_owners_are_removed(tmp_path: Path) -> None
         kept = [
             runtime_dir(tmp_path, "running", running.pid),
             runtime_dir(tmp_path, "mine", os.getpid()),
-            runtime_dir(tmp_path, "unowned", None),  # made before owners were recorded
+            runtime_dir(tmp_path, "unowned", None),  # no owner file: not known to be dead
         ]
         (tmp_path / "voice-agent-file").write_text("not a directory")
         other = tmp_path / "other-dead"

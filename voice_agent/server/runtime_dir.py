@@ -2,8 +2,8 @@
 each media worker's), and the sweep of those a killed server left behind.
 
 A front removes its directory when it stops; one killed with SIGKILL (the
-OOM killer, ``kill -9``, a container stopped hard) cannot, and every such
-death left a ``voice-agent-*`` directory with dead sockets in the temporary
+OOM killer, ``kill -9``, a container stopped hard) cannot, and its
+``voice-agent-*`` directory of dead sockets would stay in the temporary
 directory for good. So each directory holds its owner's pid, and a front
 starting removes the directories, in the same temporary directory and
 owned by the same user, whose owner is no longer running. A directory
