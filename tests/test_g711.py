@@ -172,6 +172,42 @@ def test_a_press_reported_both_ways_counts_once_and_repeats_still_count() -> Non
     assert presses.accept("7", "sip-info")  # another key never matches
 
 
+async def test_a_phone_that_only_listens_is_no_lost_peer_and_still_hears_the_agent(
+    server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    """What a SIP gateway reports of a re-INVITE with a=recvonly: the phone
+    sends nothing from then on, which is no lost peer, and the agent is not
+    on hold: it still speaks. Told the phone sends again, its silence ends
+    the call as a lost peer's does."""
+    server = await server_factory(disconnect_grace_s=1.0)
+    client = RealtimeClient(server.url, codec="audio/PCMU")
+    await client.connect(http)
+    await asyncio.wait_for(client.wait_for_type("session.created"), 5)
+    hold_url = f"{server.url}{client.location}/hold"
+    await client.mic.play(silence(0.5), 16000)  # the phone has sent audio
+
+    async with http.post(hold_url, json={"held": False, "sending": False}) as told:
+        assert told.status == 200
+        answer = await told.json()
+        assert (answer["held"], answer["sending"]) == (False, False)
+    client.mic.stop_sending()
+    await asyncio.sleep(3.0)  # three grace periods of silence, the condition under test
+    async with http.get(f"{server.url}{client.location}") as live:
+        assert live.status == 200
+    started = client.wait_for_type("output_audio_buffer.started")
+    done = client.wait_for_type("response.done")
+    client.send({"type": "response.create", "response": {"instructions": "Say hello."}})
+    await asyncio.wait_for(started, 30)
+    assert (await asyncio.wait_for(done, 30))["response"]["status"] == "completed"
+
+    async with http.post(hold_url, json={"held": False, "sending": "no"}) as refused:
+        assert refused.status == 400
+    async with http.post(hold_url, json={"held": False, "sending": True}) as told:
+        assert (await told.json())["sending"] is True
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+    assert server.calls.ended.get("peer_lost") == 1
+
+
 async def test_a_call_on_hold_neither_speaks_nor_listens_and_resumes_as_it_was(
     server_factory: ServerFactory, http: aiohttp.ClientSession
 ) -> None:

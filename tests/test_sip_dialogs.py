@@ -435,6 +435,41 @@ async def test_hold_and_resume_by_reinvite(lab: SipLab) -> None:
 
 
 @on_the_lab
+async def test_a_phone_that_only_listens_still_hears_the_agent(lab: SipLab) -> None:
+    """recvonly is no hold: answered sendonly, the agent's audio still
+    reaches the phone, and the service is told the phone sends nothing (its
+    silence is then no lost peer), then that it sends again."""
+    quiet, sending = (
+        len(lab.service.log.matching(pattern))
+        for pattern in (r"caller sends no audio", r"caller sends audio\b")
+    )
+    held = len(lab.service.log.matching(r"call held"))
+    port = 6014  # the phone's audio: SIPp's own media sockets are 6000-6003
+    sock = lab.namespace.new_socket(socket.SOCK_DGRAM)
+    with sock:
+        sock.bind((PHONE, port))
+        call = asyncio.create_task(
+            traced(lab, "listen_only.xml", "-key", "phone_port", str(port), "-d", "2000")
+        )
+        try:
+            await lab.service.log.wait_for(r"caller sends no audio", 10, count=quiet + 1)
+            listening = await asyncio.to_thread(packets_within, sock, 1.0)
+        finally:
+            run, replies = await call
+    assert run.code == 0, run.output
+    assert listening >= 20, listening  # 20 ms packets: not blocked as a held call's are
+    answers = finals(replies, "INVITE")
+    assert [answer_direction(body) for _, _, body in answers] == [
+        "sendrecv",
+        "sendonly",
+        "sendrecv",
+    ]
+    await lab.service.log.wait_for(r"caller sends audio\b", 5, count=sending + 1)
+    assert len(lab.service.log.matching(r"call held")) == held
+    await until_idle(lab)
+
+
+@on_the_lab
 async def test_a_codec_change_is_refused_and_the_call_goes_on(lab: SipLab) -> None:
     before = (await lab.stats())["calls_total"]
     run, replies = await traced(lab, "codec_change.xml", "-d", "300")

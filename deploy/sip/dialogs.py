@@ -9,7 +9,9 @@ re-INVITE, UPDATE (RFC 3311) with SDP
          formats the offer still lists; its o= version goes up whenever it
          changes (RFC 3264 section 8). An offer of sendonly or inactive puts
          the service call on hold (``POST {call}/hold``), a later sendrecv or
-         recvonly takes it off; while the answer says recvonly or inactive,
+         recvonly takes it off; an offer of recvonly or inactive tells the
+         service the phone sends nothing (``"sending": false``: no lost
+         peer when its audio stops); while the answer says recvonly or inactive,
          rtpengine forwards nothing of the service's to the phone. Audio
          moved to another address or port is offered to rtpengine again
          (gateway.py's ``move_media``: the service's side stays as it is).
@@ -51,6 +53,7 @@ from sdp_text import (  # noqa: F401  (also the tests' names, through this modul
     COMPLEMENT,
     DIRECTIONS,
     HELD,
+    SENDING,
     STATIC_FORMATS,
     TELEPHONE_EVENT,
     audio_of,
@@ -329,11 +332,15 @@ class InDialog:
             answer = next_answer(first_answer, call["answer"], offer) or answer
             log("info", f"call {call_id}: its audio moved to {target[0]}:{target[1]}")
         held = direction_of(offer) in HELD
-        if held != call.get("held", False):
-            status = self.post(call, "hold", {"held": held})
+        # A phone that offers recvonly or inactive will send nothing: its
+        # silence is no lost peer (recvonly is no hold: the agent speaks on).
+        sending = direction_of(offer) in SENDING
+        if held != call.get("held", False) or sending != call.get("sending", True):
+            status = self.post(call, "hold", {"held": held, "sending": sending})
             if status != 200:
                 self.reply_for(status)
                 return None
+            call["sending"] = sending
         # An answer of recvonly or inactive promises the phone no audio (RFC 3264).
         silent = COMPLEMENT[direction_of(offer)] in ("recvonly", "inactive")
         if silent != call.get("silent", False):

@@ -14,6 +14,7 @@ COMPLEMENT = {
     "inactive": "inactive",
 }
 HELD = ("sendonly", "inactive")  # the caller does not want to hear the agent
+SENDING = ("sendrecv", "sendonly")  # the caller will send audio
 # Formats with fixed payload types (RFC 3551) that a trunk may list without rtpmap.
 STATIC_FORMATS = {
     "0": "pcmu/8000",

@@ -111,6 +111,7 @@ class Call(CallCore):
         self.echo: EchoCanceller | None = None
         self._key_presses = dtmf.KeyPresses()
         self.held = False
+        self.caller_sends = True  # False: the phone offered recvonly (or inactive)
 
     # -- negotiation ------------------------------------------------------
     async def answer(self, offer_sdp: str) -> str:
@@ -201,7 +202,9 @@ class Call(CallCore):
         # than the grace period is gone.
         max_gap_s = max(self.settings.disconnect_grace_s, MIN_INBOUND_GAP_S)
         try:
-            await pump_inbound_audio(track, self._hear, max_gap_s, lambda: self.held)
+            await pump_inbound_audio(
+                track, self._hear, max_gap_s, lambda: self.held or not self.caller_sends
+            )
         except InboundAudioStopped as exc:
             log.warning("peer lost", extra={"call_id": self.id, "error": str(exc)})
             self.close_soon("peer_lost")
@@ -243,14 +246,22 @@ class Call(CallCore):
             return  # the connection recovered within the grace period
         self.close_soon(reason)
 
-    def hold(self, held: bool) -> bool:
+    def hold(self, held: bool, sending: bool = True) -> bool:
         """The caller put the agent on hold (a SIP re-INVITE with
         ``a=sendonly`` or ``a=inactive``), or took it off; False when it
         already was so. On hold the agent stops speaking (the reply is
         cancelled as an interruption is: the history keeps what was heard),
         hears nothing (music on hold is no turn), and a phone that sends no
         audio at all is not taken for a lost peer. Off hold it listens again,
-        the conversation as it was."""
+        the conversation as it was. ``sending`` False (``a=recvonly``: the
+        phone listens and sends nothing): its silence is no lost peer either,
+        and the agent goes on speaking."""
+        if sending != self.caller_sends:
+            self.caller_sends = sending
+            log.info(
+                "caller sends audio" if sending else "caller sends no audio",
+                extra={"call_id": self.id},
+            )
         if held == self.held:
             return False
         self.held = held

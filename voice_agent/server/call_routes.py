@@ -89,14 +89,26 @@ async def press_digits(request: web.Request) -> web.StreamResponse:
 async def hold_call(request: web.Request) -> web.StreamResponse:
     """A phone call put on hold (``{"held": true}``) or taken off it, as a
     SIP gateway learns from a re-INVITE: on hold the agent neither speaks
-    nor listens, and the call outlives a phone that sends no audio."""
+    nor listens, and the call outlives a phone that sends no audio.
+    ``"sending": false`` (a phone that offered recvonly: it listens and
+    sends nothing) keeps the agent speaking, and the call outlives the
+    silence too."""
     call_id = request.match_info["call_id"]
     if (refused := manager_refusal(request, call_id)) is not None:
         return refused
-    held = await _body_field(request, "held")
-    if not isinstance(held, bool):
-        return error_response(400, "invalid_hold", 'the body must be {"held": true or false}')
-    answer = await request.app[PLACE].hold_call(call_id, held)
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    held = body.get("held") if isinstance(body, dict) else None
+    sending = body.get("sending", True) if isinstance(body, dict) else None
+    if not isinstance(held, bool) or not isinstance(sending, bool):
+        return error_response(
+            400,
+            "invalid_hold",
+            'the body must be {"held": true or false}, with "sending": true or false if given',
+        )
+    answer = await request.app[PLACE].hold_call(call_id, held, sending)
     return answer if answer is not None else _no_such_call()
 
 

@@ -109,9 +109,13 @@ class CallPlace(ABC):
         """Hang a call up; None when there is no such call."""
 
     @abstractmethod
-    async def hold_call(self, call_id: str, held: bool) -> web.StreamResponse | None:
+    async def hold_call(
+        self, call_id: str, held: bool, sending: bool = True
+    ) -> web.StreamResponse | None:
         """Put a phone call on hold or take it off, as a SIP gateway reports
-        a re-INVITE; None when there is no such call."""
+        a re-INVITE; ``sending``: whether the phone will send audio (not
+        after an offer of recvonly or inactive). None when there is no such
+        call."""
 
     @abstractmethod
     async def press_digits(self, call_id: str, digits: str) -> web.StreamResponse | None:

@@ -200,14 +200,16 @@ class InProcess(CallPlace):
         await call.close("hangup")
         return web.Response(status=204)
 
-    async def hold_call(self, call_id: str, held: bool) -> web.StreamResponse | None:
+    async def hold_call(
+        self, call_id: str, held: bool, sending: bool = True
+    ) -> web.StreamResponse | None:
         call = self.registry.get(call_id)
         if call is None:
             return None
         if not isinstance(call, Call):
             return error_response(409, "not_a_phone_call", "only WebRTC calls are put on hold")
-        call.hold(held)
-        return web.json_response({"id": call.id, "held": call.held})
+        call.hold(held, sending)
+        return web.json_response({"id": call.id, "held": call.held, "sending": call.caller_sends})
 
     async def press_digits(self, call_id: str, digits: str) -> web.StreamResponse | None:
         call = self.registry.get(call_id)

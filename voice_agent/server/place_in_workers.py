@@ -214,8 +214,10 @@ class InWorkers(CallPlace):
         except aiohttp.ClientError:
             return error_response(404, "call_not_found", "no such call (its worker is gone)")
 
-    async def hold_call(self, call_id: str, held: bool) -> web.StreamResponse | None:
-        return await self._post_to_owner(call_id, "hold", {"held": held})
+    async def hold_call(
+        self, call_id: str, held: bool, sending: bool = True
+    ) -> web.StreamResponse | None:
+        return await self._post_to_owner(call_id, "hold", {"held": held, "sending": sending})
 
     async def press_digits(self, call_id: str, digits: str) -> web.StreamResponse | None:
         return await self._post_to_owner(call_id, "dtmf", {"digits": digits})
