@@ -16,10 +16,12 @@ Then real barge-ins: the caller speaks a recorded sentence (and, with
 --short-barge-ins, a one-word "no") one second into a long reply; counted
 are replies cut (as they must be; a reply that ended of itself before the
 caller finished is left out) and the word error rate of what the caller
-said, against a clean line (no echo at all).
+said, against a clean line (no echo at all). With --calls N, N such
+callers at once, each with its own echo, the table summing them.
 
     .venv/bin/python bench/echo.py
     .venv/bin/python bench/echo.py --settings on --step-ms 40 --turns 8
+    .venv/bin/python bench/echo.py --settings on --step-ms 40 --calls 4 --barge-ins 2
 """
 
 from __future__ import annotations
@@ -68,6 +70,16 @@ class BargeIns:
     ended: int = 0  # the reply ended before the caller had finished
     wer: list[float] = field(default_factory=list)
     heard: list[str] = field(default_factory=list)
+
+
+def summed(results: list[QuietTurns] | list[BargeIns]) -> Any:
+    """One result of several callers' (the same kind), counts added up."""
+    first = results[0]
+    total = type(first)()
+    for result in results:
+        for name, value in vars(result).items():
+            setattr(total, name, getattr(total, name) + value)
+    return total
 
 
 def details_reason(response: dict[str, Any]) -> str | None:
@@ -228,6 +240,7 @@ async def main() -> None:
     parser.add_argument(
         "--step-ms", type=float, default=0.0, help="the echo delay's step in each quiet reply"
     )
+    parser.add_argument("--calls", type=int, default=1, help="callers at once")
     args = parser.parse_args()
     levels = [float(x) for x in args.levels.split(",")]
     # The client runs below the server: its CPU is not the server's.
@@ -238,12 +251,21 @@ async def main() -> None:
     heard_rows: list[list[object]] = []
     phantom_rows: list[list[object]] = []
     for setting in args.settings.split(","):
-        server, url = await start_server("--echo-cancel", setting, "--llm-max-tokens", "120")
+        server, url = await start_server(
+            "--echo-cancel", setting, "--llm-max-tokens", "120", "--max-calls", str(args.calls)
+        )
         try:
             async with aiohttp.ClientSession() as http:
                 await wait_ready(http, url)
                 for level in levels:
-                    quiet = await quiet_turns(url, http, level, args.turns, args.step_ms)
+                    quiet = summed(
+                        await asyncio.gather(
+                            *(
+                                quiet_turns(url, http, level, args.turns, args.step_ms)
+                                for _ in range(args.calls)
+                            )
+                        )
+                    )
                     phantom_rows += [[setting, f"{level:+.0f} dB", text] for text in quiet.heard]
                     quiet_rows.append(
                         [
@@ -263,7 +285,11 @@ async def main() -> None:
                     interruptions.append(("'no'", (telephone_prompt("no"), "no")))
                 for (kind, said), (name, gain) in itertools.product(interruptions, lines):
                     count = args.barge_ins if kind == "long" else args.short_barge_ins
-                    barge = await barge_ins(url, http, gain, count, said)
+                    barge = summed(
+                        await asyncio.gather(
+                            *(barge_ins(url, http, gain, count, said) for _ in range(args.calls))
+                        )
+                    )
                     wer = barge.wer
                     heard_rows += [[setting, name, kind, text] for text in barge.heard]
                     barge_rows.append(

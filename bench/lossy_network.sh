@@ -7,14 +7,23 @@
 # statistic match, not tc netem: netem is a kernel module many hosts (this
 # project's CI VMs included) do not have. Needs root, iproute2, iptables.
 #
+# Another bench after "--", with "{rate}" in its arguments replaced by each
+# rate (bench/call_wer.py: 80 or more utterances, enough words for a point
+# of WER).
+#
 #   sudo bash bench/lossy_network.sh            # 0 %, 5 % and 10 % loss
 #   sudo bash bench/lossy_network.sh 3 7        # other rates, in %
+#   sudo bash bench/lossy_network.sh 0 5 10 -- bench/call_wer.py --items 80 \
+#       --label {rate} --log /tmp/wer.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 namespace="voice-agent-loss-$$"
-rates=("$@")
+rates=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do rates+=("$1"); shift; done
 [ ${#rates[@]} -gt 0 ] || rates=(0 5 10)
+bench=(bench/narrowband_wer.py --verbose)
+if [ "${1:-}" = "--" ]; then shift; bench=("$@"); fi
 
 cleanup() { ip netns del "$namespace" 2>/dev/null || true; }
 trap cleanup EXIT
@@ -28,6 +37,6 @@ for rate in "${rates[@]}"; do
             -m statistic --mode random --probability "$probability" -j DROP
     fi
     echo "### ${rate} % of UDP packets lost at random"
-    ip netns exec "$namespace" nice -n 5 "$PYTHON" bench/narrowband_wer.py --verbose
+    ip netns exec "$namespace" nice -n 5 "$PYTHON" "${bench[@]//\{rate\}/$rate}"
     echo
 done
