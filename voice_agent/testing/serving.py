@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import aiohttp
 
 from voice_agent.testing.ports import free_port
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 async def start_server(
@@ -32,9 +35,13 @@ async def start_server(
     would pin it, set before it runs a line so its defaults see them."""
     port = free_port()
 
-    def pin() -> None:
+    def before_exec() -> None:
         if cpus is not None:
             os.sched_setaffinity(0, cpus)
+        # A bench or test killed outright (SIGTERM, SIGKILL) runs no cleanup:
+        # the server it started is told then, as by a terminal's hang-up, and
+        # stops its own children on the way out.
+        _stop_with_parent()
 
     process = await asyncio.create_subprocess_exec(
         # -P: another build's interpreter imports its own checkout, not the
@@ -44,9 +51,28 @@ async def start_server(
         *flags,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         process_group=0 if own_process_group else None,
-        preexec_fn=pin if cpus is not None else None,
+        preexec_fn=before_exec,
     )
     return process, f"http://127.0.0.1:{port}"
+
+
+def _prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+# Looked up here, not in the forked child, which should do as little as it
+# can before exec (the parent has threads).
+_PRCTL = _prctl()
+
+
+def _stop_with_parent() -> None:
+    """SIGTERM to this forked process when its parent dies (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 180) -> None:

@@ -1,0 +1,62 @@
+"""``voice_agent.testing.serving``: a server a bench or test started stops
+when that bench or test is killed outright, running no cleanup of its own
+(real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import textwrap
+
+STARTS_A_SERVER = textwrap.dedent(
+    """
+    import asyncio
+    from voice_agent.testing.serving import start_server
+
+    async def main():
+        process, _ = await start_server(
+            "--llm-base-url", "http://127.0.0.1:9/v1", "--workers", "1",
+            "--vad", "webrtc", "--turn-backend", "silence",
+        )
+        print(process.pid, flush=True)
+        await asyncio.sleep(600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent) is not running
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_a_server_outlives_no_bench_killed_with_sigkill() -> None:
+    bench = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", STARTS_A_SERVER, stdout=asyncio.subprocess.PIPE
+    )
+    assert bench.stdout is not None
+    server = int((await asyncio.wait_for(bench.stdout.readline(), 60)).decode())
+    assert running(server)
+    exited = asyncio.Event()  # a pidfd reads ready once its process has exited
+    pidfd = os.pidfd_open(server)
+    asyncio.get_running_loop().add_reader(pidfd, exited.set)
+    bench.kill()  # SIGKILL: no finally, no atexit
+    # (The bench's wait ends when its output pipe closes, which the server,
+    # sharing it, holds open for as long as it runs.)
+    try:
+        async with asyncio.timeout(60):  # the server's graceful stop
+            await bench.wait()
+            await exited.wait()
+    finally:
+        asyncio.get_running_loop().remove_reader(pidfd)
+        os.close(pidfd)
+    assert not running(server)
