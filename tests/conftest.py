@@ -65,6 +65,9 @@ def test_settings(**overrides: Any) -> Settings:
         # Most tests time their speech against the fixed silence; those of
         # semantic turns (the shipped default) ask for it.
         "turn_detection": "silence",
+        # A fixed capacity: no turn's cost measured at each engine's start
+        # (tests/test_capacity.py measures it), and room for the tests' callers.
+        "max_calls": 50,
     }
     values.update(overrides)
     return Settings(**values)

@@ -19,9 +19,9 @@ from typing import TypeVar
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-# Calls one core carries, measured with bench/load.py on the embedded
-# models: on 2 cores, 5 callers complete every turn with 0-59 of ~15,000
-# frames late (voice-to-voice p50 1.7-2.3 s; docs/measurements.md, bench/load.py).
+# Calls one core carries where no turn's cost could be measured
+# (voice_agent/capacity.py): on 2 cores with the embedded models, 5 callers
+# complete every turn with 0-59 of ~15,000 frames late (bench/load.py).
 CALLS_PER_CORE = 2.5
 
 

@@ -36,6 +36,7 @@ from voice_agent.backends.llm.weights import weights_for
 from voice_agent.backends.stt.hosted import HostedStt
 from voice_agent.backends.tts.hosted import hosted as hosted_tts
 from voice_agent.backends.turn.words import words_judge
+from voice_agent.capacity import TurnCost, capacity_of, host_turn_cost
 from voice_agent.config import Settings
 from voice_agent.cpu import (
     default_threads,
@@ -109,6 +110,9 @@ class Engine:
         self.prefill_gate = PrefillGate()  # this process's sessions' words prefills
         self.hearing = HearingStats()  # this process's redecoded and unheard turns
         self.end_of_turn = JudgeStats()  # this process's end-of-turn verdicts
+        # One turn's work measured on this host (the models' process, when no
+        # --max-calls is given), and the calls it makes the capacity.
+        self.turn_cost: TurnCost | None = None
 
     @property
     def voice_name(self) -> str:
@@ -193,6 +197,15 @@ class Engine:
         self.models = Models(vad=vad, stt=stt, tts=tts, llm=llm, turn=turn, words=words)
         if s.preload:
             await self._warm_up()
+        if s.max_calls is None:  # the capacity from what a turn costs here
+            models, llama = self.models, self.llama
+            self.turn_cost = await host_turn_cost(
+                s,
+                models.stt,
+                models.tts,
+                models.llm if llama is not None else None,
+                llama.pid if llama is not None else None,
+            )
         if self.llama is not None:
             self.llama.supervise()  # restarts from here on; a death before is fatal
         if s.malloc_trim:  # 130-170 MB of the model process at ready
@@ -328,6 +341,12 @@ class Engine:
             # A remote endpoint that is down now may be up for the first call;
             # until then each reply fails with an error event and an apology.
             log.warning("llm warm-up failed", extra={"code": exc.code, "error": str(exc)})
+
+    @property
+    def max_calls(self) -> int:
+        """The service's capacity: --max-calls, else from the turn's cost
+        measured here, else (not measured, or not yet) a fixed number a core."""
+        return capacity_of(self.settings.max_calls, self.turn_cost)
 
     @property
     def llm_prefill(self) -> bool:

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from voice_agent.config.secrets import weak_secret
-from voice_agent.cpu import available_cores, default_max_calls
+from voice_agent.cpu import available_cores
 
 
 class ServerSettings(BaseModel):
@@ -34,11 +34,12 @@ class ServerSettings(BaseModel):
         default_factory=lambda: ["*"],
         description="Origins allowed to call the API from a browser (comma-separated; * = any).",
     )
-    max_calls: int = Field(
-        default_factory=default_max_calls,
+    max_calls: int | None = Field(
+        None,
         ge=1,
         description="Capacity: concurrent calls before answering 503 with Retry-After "
-        "(default: 2.5 per available core, measured with bench/load.py).",
+        "(default: from the CPU one turn's work takes on this host, measured at the first "
+        "start and cached; docs/operations.md).",
     )
     workers: int = Field(
         default_factory=available_cores,

@@ -53,6 +53,12 @@ WEB_DIR = web_dir()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def max_calls_of(settings: Settings, engine: Engine) -> int:
+    """This server's capacity: its own --max-calls, else the engine's
+    (measured from a turn's cost once the models are loaded)."""
+    return settings.max_calls if settings.max_calls is not None else engine.max_calls
+
+
 async def healthz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": "ok"})
 
@@ -219,7 +225,7 @@ def build_app(
         except Exception:  # each call that needs it will say so
             log.exception("echo cancellation unavailable")
     app[ENGINE] = engine
-    calls = app[CALLS] = CallRegistry(settings.max_calls)
+    calls = app[CALLS] = CallRegistry(max_calls_of(settings, engine))
     app[DRAINING] = []
     calls.listeners.append(app[AUTH].on_call_change)
     add_call_routes(

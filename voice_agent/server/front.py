@@ -89,6 +89,11 @@ class FrontServer:
         # The front faces the clients: its listen() made the first runner.
         with self._runners[-1].app[LOOP_HEALTH].starting():
             await self.engine.start()
+            # The capacity is known now (the turn's cost measured, or cached):
+            # the front admits up to it, and each worker's own limit is it too.
+            capacity = self.engine.max_calls
+            self.pool.max_calls = capacity
+            self.pool.settings = self.settings.model_copy(update={"max_calls": capacity})
             assert self.engine.models is not None
             speech = web.Application(client_max_size=32 * 1024 * 1024)
             add_speech_routes(speech, self.engine.models.stt, self.engine.models.tts)

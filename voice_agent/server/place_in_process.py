@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from voice_agent.backends.capabilities import ReportsStats
+from voice_agent.capacity import turn_cost_figures
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.realtime.errors import error_event
@@ -229,6 +230,7 @@ class InProcess(CallPlace):
             "calls_total": calls.calls_total,
             "max_calls": calls.max_calls,
             "load": round(calls.load, 3),
+            "turn_cost": turn_cost_figures(self.engine.turn_cost),
         }
         return LiveStats(
             counts=counts,

@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from voice_agent.backends.capabilities import ReportsStats
+from voice_agent.capacity import turn_cost_figures
 from voice_agent.engine import Engine
 from voice_agent.server.admission import RETRY_AFTER_S, Admission, server_full
 from voice_agent.server.app_keys import SETTINGS
@@ -111,6 +112,7 @@ class InWorkers(CallPlace):
             "calls": pool.calls,
             "max_calls": pool.max_calls,
             "load": round(pool.load, 3),
+            "turn_cost": turn_cost_figures(self.engine.turn_cost),
             "workers": [w.status() for w in pool.workers],
         }
 

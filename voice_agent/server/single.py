@@ -6,8 +6,8 @@ from aiohttp import web
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
-from voice_agent.server.app import build_app, new_runner
-from voice_agent.server.app_keys import LOOP_HEALTH
+from voice_agent.server.app import build_app, max_calls_of, new_runner
+from voice_agent.server.app_keys import CALLS, LOOP_HEALTH
 from voice_agent.server.drain import drain_app, stop_draining
 
 
@@ -31,6 +31,8 @@ class SingleServer:
         assert self._app is not None, "listen() first"
         with self._app[LOOP_HEALTH].starting():
             await self.engine.start()
+        # The capacity is known now (the turn's cost measured, or cached).
+        self._app[CALLS].max_calls = max_calls_of(self.settings, self.engine)
 
     async def drain(self) -> None:
         """No new calls; the live ones finish or hear the goodbye (``server/drain.py``)."""

@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from voice_agent.config import Settings
+from voice_agent.cpu import default_max_calls
 from voice_agent.engine import SharedModelLinks
 from voice_agent.server.drain import DRAIN_PATH, GOODBYE_LIMIT_S
 from voice_agent.server.worker import EVENTS_PATH, WorkerConfig
@@ -92,7 +93,8 @@ class Worker:
 class WorkerPool:
     def __init__(self, settings: Settings, runtime_dir: Path, count: int) -> None:
         self.settings = settings
-        self.max_calls = settings.max_calls
+        # The front sets the measured capacity once its models are loaded.
+        self.max_calls = settings.max_calls or default_max_calls()
         self._links: SharedModelLinks | None = None  # known once the models are loaded
         self.workers = [Worker(i, str(runtime_dir / f"worker-{i}.sock")) for i in range(count)]
         self._tasks: set[asyncio.Task[None]] = set()

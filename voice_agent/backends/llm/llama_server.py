@@ -135,6 +135,11 @@ class EmbeddedLlamaServer(LlamaCommandLine):
         return f"http://{self.host}:{self.port}/v1"
 
     @property
+    def pid(self) -> int | None:
+        """The server process's, while it runs."""
+        return self._process.pid if self.running and self._process is not None else None
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.returncode is None
 
