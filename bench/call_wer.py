@@ -6,10 +6,13 @@ utterances (bench/speech_sets.py: telephone prompts, spontaneous speech,
 odd voices, read books; never the tuning set) into real calls: one call a
 codec (Opus, PCMU, PCMA), the three at once, each utterance in turn in the
 same call, the next one once every turn the last one started has its
-transcript. The server runs its defaults (semantic end of turn); each
-session asks for no replies (``create_response: false``), so the caller
-is never heard over the agent (on a G.711 line, AEC3 takes 11-14 dB off a
-caller who talks over the agent before the line is found free of echo:
+transcript. A turn is scored with the utterance it started in, by the
+server's audio clock (its ``audio_start_ms``): on a lossy network the data
+channel's events can come seconds late, behind a retransmission. The
+server runs its defaults (semantic end of turn); each session asks for
+no replies (``create_response: false``), so the caller is never heard
+over the agent (on a G.711 line, AEC3 takes 11-14 dB off a caller who
+talks over the agent before the line is found free of echo:
 audio/echo_presence.py) and no LLM is needed.
 
 Each run appends one JSON line per utterance to ``--log``; ``--report``
@@ -19,7 +22,8 @@ came out two or more words worse, and how many were taken as another
 number of turns (a gap cutting a turn, or two turns merged).
 
     .venv/bin/python bench/call_wer.py --items 80 --label 0 --log /tmp/wer.jsonl
-    sudo bash bench/lossy_network.sh 0 5 10 -- bench/call_wer.py --items 80
+    sudo bash bench/lossy_network.sh 0 5 10 -- bench/call_wer.py --items 80 \
+        --label {rate} --log /tmp/wer.jsonl
     .venv/bin/python bench/call_wer.py --report /tmp/wer.jsonl
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -52,6 +57,8 @@ CODECS = ["audio/opus", "audio/PCMU", "audio/PCMA"]
 RATE = 16_000
 GAP_S = 0.6  # silence after each utterance, before the next one
 SETTLE_S = 0.5  # after the audio: a turn it started has been announced
+LATE_EVENTS_S = 5.0  # after the last utterance: events held back by retransmission
+MIC_RATE = 48_000  # the client's stream clock (voice_agent/client.py)
 TURN_TIMEOUT_S = 20.0  # the cap (2 s) and a transcription, with room
 NO_REPLIES = {"type": "semantic_vad", "create_response": False}
 STARTED = "input_audio_buffer.speech_started"
@@ -88,7 +95,8 @@ async def speak_all(
     http: aiohttp.ClientSession, url: str, codec: str, utterances: list[Utterance]
 ) -> list[dict[str, Any]]:
     client = RealtimeClient(url, codec=codec)
-    rows: list[dict[str, Any]] = []
+    spans: list[tuple[float, float]] = []  # each utterance's speech, ms into the mic's stream
+    timed_out: list[bool] = []
     try:
         await client.connect(http)
         updated = client.wait_for_type("session.updated")
@@ -104,29 +112,48 @@ async def speak_all(
         await asyncio.wait_for(updated, 10)
         for utterance in utterances:
             after = len(client.events)
-            audio = np.concatenate((utterance.audio, silence(GAP_S)))
-            await client.mic.play(audio, RATE)
+            start_ms = client.mic.position() * 1000 / MIC_RATE
+            await client.mic.play(np.concatenate((utterance.audio, silence(GAP_S))), RATE)
+            spans.append((start_ms, start_ms + len(utterance.audio) * 1000 / RATE))
             await asyncio.sleep(SETTLE_S)
-            timed_out = False
             try:
                 await asyncio.wait_for(turns_settled(client, after), TURN_TIMEOUT_S)
+                timed_out.append(False)
             except TimeoutError:
-                timed_out = True
-            events = client.events[after:]
-            texts = [str(e.get("transcript", "")) for e in events if e.get("type") == ENDED[0]]
-            rows.append(
-                {
-                    "utterance": utterance.name,
-                    "codec": codec.split("/")[1],
-                    "reference": utterance.text,
-                    "transcript": " ".join(t.strip() for t in texts if t.strip()),
-                    "turns": sum(e.get("type") == STARTED for e in events),
-                    "timed_out": timed_out,
-                }
-            )
+                timed_out.append(True)
+        # Events a lossy data channel held back (SCTP retransmits them, in order).
+        await asyncio.sleep(LATE_EVENTS_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(turns_settled(client, 0), TURN_TIMEOUT_S)
     finally:
         await client.hangup(http)
-    return rows
+    # Each turn goes to the utterance whose speech it started in (by the
+    # server's audio clock), not to the one playing when its events came.
+    owner: dict[str, int] = {}
+    for event in client.of_type(STARTED):
+        at = float(event["audio_start_ms"])
+        owner[str(event["item_id"])] = min(
+            range(len(spans)), key=lambda i: max(spans[i][0] - at, at - spans[i][1], 0.0)
+        )
+    texts: list[list[str]] = [[] for _ in utterances]
+    turns = [0] * len(utterances)
+    for index in owner.values():
+        turns[index] += 1
+    for event in client.of_type(ENDED[0]):
+        said = owner.get(str(event["item_id"]))
+        if said is not None and str(event["transcript"]).strip():
+            texts[said].append(str(event["transcript"]).strip())
+    return [
+        {
+            "utterance": utterance.name,
+            "codec": codec.split("/")[1],
+            "reference": utterance.text,
+            "transcript": " ".join(texts[i]),
+            "turns": turns[i],
+            "timed_out": timed_out[i],
+        }
+        for i, utterance in enumerate(utterances)
+    ]
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
