@@ -241,6 +241,9 @@ async def main() -> None:
         "--step-ms", type=float, default=0.0, help="the echo delay's step in each quiet reply"
     )
     parser.add_argument("--calls", type=int, default=1, help="callers at once")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="a voice-agent serve flag (repeat)"
+    )
     args = parser.parse_args()
     levels = [float(x) for x in args.levels.split(",")]
     # The client runs below the server: its CPU is not the server's.
@@ -252,7 +255,13 @@ async def main() -> None:
     phantom_rows: list[list[object]] = []
     for setting in args.settings.split(","):
         server, url = await start_server(
-            "--echo-cancel", setting, "--llm-max-tokens", "120", "--max-calls", str(args.calls)
+            "--echo-cancel",
+            setting,
+            "--llm-max-tokens",
+            "120",
+            "--max-calls",
+            str(args.calls),
+            *args.server_arg,
         )
         try:
             async with aiohttp.ClientSession() as http:
