@@ -154,12 +154,16 @@ class BargeIn:
         """Whether this much speech makes an interruption, words or not."""
         return self._held is not None and voiced_ms >= self.min_voiced_ms
 
-    def confirm(self) -> None:
+    def confirm(self, why: str = "words") -> None:
         """It was an interruption: the reply is cancelled, as if cut at the onset."""
         held, self._held = self._held, None
         if held is None:
             return
         self.confirmed += 1
+        log.info(
+            "an interruption; the reply is cancelled",
+            extra={"session": self._session_id, "why": why, "maybe_echo": held.maybe_echo},
+        )
         held.response.cancel("turn_detected")  # flushes what was queued
         self._output.resume()
 

@@ -69,7 +69,7 @@ class AudioIngest(SessionState):
             for event in self._detector.push(frame, probability):
                 self._handle(event)
             if self._detector.in_turn and self._barge_in.heard_enough(self._detector.voiced_ms):
-                self._barge_in.confirm()  # long enough to be an interruption
+                self._barge_in.confirm("long enough")
         self._pending = data[full:]
         if detection is None:
             return

@@ -90,7 +90,7 @@ class Speculating(SessionState):
             if ended is not None:
                 self._on_turn_ended(ended, "barge_in")
             return True
-        self._barge_in.confirm()
+        self._barge_in.confirm("words at the first pause")
         return False
 
     def _drop_speculation(self) -> None:

@@ -114,7 +114,7 @@ class UserTurns(SessionState):
                 words = "backchannel" if heard.text.strip() else "no words"
                 self._barge_in.release("own echo" if own_echo else words)
                 return
-            self._barge_in.confirm()
+            self._barge_in.confirm("words at the turn's end")
         if heard.unheard is not None:
             self._turn_unheard(item_id, heard.unheard, spec, metrics, generation)
             return
@@ -192,7 +192,8 @@ class UserTurns(SessionState):
         """Say so, to the client and out loud: silence would leave the
         caller waiting for an answer that never comes."""
         if self._barge_in.holding(generation):
-            self._barge_in.confirm()  # no words to tell: the caller spoke, they have the turn
+            # No words to tell: the caller spoke, they have the turn.
+            self._barge_in.confirm("not transcribed")
         code = "stt_timeout" if isinstance(exc, SttTimeout) else "stt_error"
         log.warning(
             "transcription failed",
