@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shlex
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from voice_agent.backends import registry
@@ -30,20 +27,18 @@ from voice_agent.backends.llm.llama_server import (
     MODEL_ALIAS,
     EmbeddedLlamaServer,
     LlamaServerError,
-    default_model_path,
 )
-from voice_agent.backends.llm.weights import weights_for
 from voice_agent.backends.stt.hosted import HostedStt
 from voice_agent.backends.tts.hosted import hosted as hosted_tts
 from voice_agent.backends.turn.words import words_judge
 from voice_agent.capacity import TurnCost, capacity_of, host_turn_cost
 from voice_agent.config import Settings
 from voice_agent.cpu import (
-    default_threads,
     limit_blas_threads,
     run_in_inference_thread,
     set_inference_nice,
 )
+from voice_agent.llm_endpoint import open_llm_endpoint
 from voice_agent.memory import give_back_free_heap
 from voice_agent.session.endpointing import EAGERNESS, SERVER_EAGERNESS, JudgeStats
 from voice_agent.session.hearing import HearingStats
@@ -257,61 +252,10 @@ class Engine:
     async def start_llm(self) -> LlmBackend:
         """The LLM client, starting (and proving) the embedded server first
         when no endpoint is configured."""
-        s = self.settings
-        base_url = s.llm_base_url
-        api_key = s.llm_api_key
-        if base_url is not None and s.llm_model is None:
-            log.warning(
-                "no --llm-model given: the endpoint may refuse the default model name",
-                extra={"model": self.model_name},
-            )
-        if base_url is not None and api_key is None:
-            # The variables OpenAI's and Hugging Face's own clients read.
-            api_key = os.environ.get("OPENAI_API_KEY") or os.environ.get("HF_TOKEN")
-        if base_url is None:
-            if s.llama_model_path:
-                model_path = Path(s.llama_model_path)
-            else:  # a conversion takes seconds, once: off the event loop
-                model_path = await asyncio.to_thread(
-                    weights_for, default_model_path(), s.llama_weights
-                )
-            self.llama = EmbeddedLlamaServer(
-                model_path,
-                s.llama_threads,
-                s.llama_ctx,
-                # Prompts are one big batch, no per-token barrier to stall:
-                # every core, as generation never gets more.
-                batch_threads=s.llama_batch_threads or max(s.llama_threads, default_threads(8)),
-                nice=s.inference_nice if s.llama_nice is None else s.llama_nice,
-                poll=s.llama_poll,
-                command=shlex.split(s.llama_server_command) if s.llama_server_command else None,
-                binary=Path(s.llama_server_binary) if s.llama_server_binary else None,
-                parallel=s.llama_parallel,
-                cache_ram_mb=s.llama_cache_ram_mb,
-                kv_type=s.llama_kv_type,
-                verbose=s.llama_verbose,
-                omp_wait=s.llama_omp_wait,
-            )
-            await self.llama.start(supervise=False)
-            base_url = self.llama.base_url
-        else:
-            # Down now is only a warning (it may come up later), shown in /readyz.
-            self.remote_llm = RemoteLlmProbe(base_url, api_key)
-            await self.remote_llm.check()
-        self.llm_config = HttpLlmConfig(
-            base_url=base_url,
-            api_key=api_key,
-            model=self.model_name,
-            connect_timeout_s=s.llm_connect_timeout_s,
-            first_token_timeout_s=s.llm_first_token_timeout_s,
-            read_timeout_s=s.llm_read_timeout_s,
-            total_timeout_s=s.llm_timeout_s,
-            retries=s.llm_retries,
-            reasoning_effort=s.llm_reasoning_effort,
-            enable_thinking=s.llm_enable_thinking,
-            keep_alive=self.llama is None,
-        )
-        llm: LlmBackend = registry.create("llm", s.llm_backend, self.llm_config)
+        endpoint = await open_llm_endpoint(self.settings, self.model_name)
+        self.llama, self.remote_llm = endpoint.llama, endpoint.remote
+        self.llm_config = endpoint.config
+        llm: LlmBackend = registry.create("llm", self.settings.llm_backend, endpoint.config)
         return llm
 
     async def _warm_up(self) -> None:
