@@ -394,7 +394,7 @@ async def test_the_llm_killed_mid_reply_is_apologised_for_and_restarted(
             await asyncio.wait_for(a.wait_for_type("session.updated"), 5)
             first_words = a.wait_for_type("response.output_audio_transcript.delta")
             a_reply = asyncio.create_task(ask(a, "Tell me a long story about a dragon."))
-            await asyncio.wait_for(first_words, 30)
+            first = await asyncio.wait_for(first_words, 30)
             process = own_llama._process
             assert process is not None
             process.send_signal(signal.SIGKILL)  # while the reply streams
@@ -407,7 +407,11 @@ async def test_the_llm_killed_mid_reply_is_apologised_for_and_restarted(
             (error,) = a.of_type("error")
             assert error["error"]["code"] == "stream_interrupted"
             heard = transcript(failed)
-            assert heard.endswith(apology) and len(heard) > len(apology) + 10, heard
+            # What was spoken before the kill (at least the first piece, a
+            # few words when the machine is busy) stays, the apology after it.
+            assert heard.endswith(apology), heard
+            said = heard[: -len(apology)].strip()
+            assert said and said.startswith(first["delta"].strip()), heard
             assert apology_heard(a, apology)
 
             # Restarted on the same port: both callers' next turns are answered.
