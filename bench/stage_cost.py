@@ -53,6 +53,7 @@ from voice_agent.capacity import PHRASE, REPLY_PROMPT, REPLY_TOKENS, SPOKEN_REPL
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.rtc.inbound import frame_to_mono_int16
+from voice_agent.rtc.opus import OpusStream
 from voice_agent.testing.figures import table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -217,10 +218,12 @@ def call_second_rows(engine: Engine, speech: np.ndarray, repeats: int) -> list[l
             canceller.process(speech[start : start + FRAME_16K], start)
         canceller.close()
 
+    mono_48k = [frame.to_ndarray().reshape(-1) for frame in frames_48k]
+
     def encode_opus() -> None:
-        encoder = get_encoder(OPUS)
-        for frame in frames_48k:
-            encoder.encode(frame)
+        encoder = OpusStream()  # the outbound track's own: mono, 32 kb/s
+        for samples in mono_48k:
+            encoder.encode(samples)
 
     rows = [
         (
@@ -305,8 +308,8 @@ async def turn_rows(engine: Engine, repeats: int) -> list[list[object]]:
     here, llama = await median_cpu(clock, repeats, lambda: synthesize(tts, SPOKEN_REPLY))
     spoken_s = (await synthesize(tts, SPOKEN_REPLY)).size / tts.sample_rate
     row(f"TTS: {tts.name}", here, llama, f"{len(SPOKEN_REPLY.split())} words, {spoken_s:.1f} s")
-    here_sum = sum(float(r[1]) for r in rows)
-    llama_sum = sum(float(r[2]) for r in rows)
+    here_sum = sum(float(str(r[1])) for r in rows)
+    llama_sum = sum(float(str(r[2])) for r in rows)
     rows.append(["all of the above", f"{here_sum:.0f}", f"{llama_sum:.0f}", ""])
     return rows
 
