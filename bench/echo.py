@@ -160,7 +160,12 @@ async def quiet_turns(
         phantoms = transcripts_since(client, first_event)[1:]
         if phantoms:
             cut = "cut" if details.get("reason") == "turn_detected" else "not cut"
-            result.heard.append(f"{cut}: {phantoms} in reply {reply_text(response)!r}")
+            # The canceller's counts so far this call: a realignment (the
+            # pacer late) or a delay change near a cut is a lead to its cause.
+            async with http.get(client.call_url) as status:
+                state = (await status.json()).get("echo_cancel") or {}
+            counts = ", ".join(f"{k} {state.get(k)}" for k in ("realigned", "delay_changes"))
+            result.heard.append(f"{cut}: {phantoms} in reply {reply_text(response)!r} ({counts})")
         await settle(client)
     await client.hangup(http)
     return result

@@ -25,6 +25,7 @@ reads as zeros.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ from voice_agent.audio.echo_presence import EchoPresence
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.audio.residual_echo import ResidualEcho
 from voice_agent.audio.timeline import AudioTimeline
+
+log = logging.getLogger(__name__)
 
 RATE = 16_000
 CHUNK = RATE // 100  # AEC3 works on 10 ms
@@ -130,8 +133,12 @@ class EchoCanceller:
     the two streams stay lined up by position."""
 
     def __init__(
-        self, far_position: Callable[[], int], jitter_margin_s: float = JITTER_MARGIN_S
+        self,
+        far_position: Callable[[], int],
+        jitter_margin_s: float = JITTER_MARGIN_S,
+        call_id: str | None = None,
     ) -> None:
+        self._call_id = call_id  # for the log
         self._rtc = _audio_processing()
         self._apm = self._rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True)
         self._far_position = far_position
@@ -162,6 +169,10 @@ class EchoCanceller:
             self._offset -= shift
             self._read_end -= shift
             self.stats.realigned += 1
+            log.info(
+                "echo reference realigned",
+                extra={"call_id": self._call_id, "shift_ms": shift * 1000 // RATE},
+            )
         self._far.write(position, self._to_16k.process(samples_48k))
 
     def process(self, near: np.ndarray, position: int) -> np.ndarray:
@@ -227,6 +238,13 @@ class EchoCanceller:
         beyond = self.presence.beyond_echo_db()
         louder = beyond is not None and beyond >= CALLER_OVER_ECHO_DB
         self._caller_chunks = self._caller_chunks + 1 if louder else 0
+        if self._caller_chunks == 2 and self._played:
+            # Debug: on a line that echoes, two or three a reply (the echo
+            # itself after a delay step, as well as the caller).
+            log.debug(
+                "louder than the echo can be: the caller",
+                extra={"call_id": self._call_id, "beyond_echo_db": round(beyond or 0.0, 1)},
+            )
         # What AEC3 lets through while it re-learns a moved echo path
         # (audio/residual_echo.py).
         out = self._residual.check(far, out, self.presence)

@@ -159,7 +159,7 @@ class Call(CallCore):
             margin = (
                 PLAYOUT_JITTER_MARGIN_S if self.settings.input_playout_buffer else JITTER_MARGIN_S
             )
-            return EchoCanceller(lambda: self.output.position() // 3, margin)
+            return EchoCanceller(lambda: self.output.position() // 3, margin, self.id)
         except Exception:
             if self.settings.echo_cancel == "on":
                 raise  # asked for explicitly: the call fails, saying why
