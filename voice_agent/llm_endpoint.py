@@ -73,7 +73,14 @@ async def open_llm_endpoint(s: Settings, model_name: str) -> LlmEndpoint:
         else:  # a conversion takes seconds, once: off the event loop
             model_path = await asyncio.to_thread(weights_for, default_model_path(), s.llama_weights)
         llama = embedded_server(s, model_path)
-        await llama.start(supervise=False)
+        try:
+            await llama.start(supervise=False)
+        except BaseException:
+            # The caller never gets this server to stop: a child that came
+            # up but failed its first request (or a start-up cancelled) must
+            # not outlive the failure.
+            await llama.stop()
+            raise
         base_url = llama.base_url
     else:
         remote = RemoteLlmProbe(base_url, api_key)
