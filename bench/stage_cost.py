@@ -314,12 +314,20 @@ async def turn_rows(engine: Engine, repeats: int) -> list[list[object]]:
     return rows
 
 
+def _setting_value(raw: str) -> Any:
+    """A number, a boolean, null or a list as JSON; anything else a string."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
 async def main(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING)
     values: dict[str, Any] = {"max_calls": 1}  # a fixed capacity: nothing measured at start
     for item in args.setting:
         key, _, raw = item.partition("=")
-        values[key] = json.loads(raw) if raw[:1] in "[{0123456789-tfn" else raw
+        values[key] = _setting_value(raw)
     engine = Engine(Settings(**values))
     await engine.start()
     try:
