@@ -10,6 +10,8 @@ import pytest
 import webrtcvad
 
 from tests.test_echo import level_db, run_canceller
+from voice_agent.audio.echo import CALLER_OVER_ECHO_DB
+from voice_agent.audio.echo_presence import EchoPresence
 from voice_agent.testing.audio_data import librivox, telephone_prompt
 
 RATE = 16_000
@@ -106,3 +108,58 @@ def test_echo_after_a_step_is_still_taken_for_echo_and_a_caller_over_it_is_not(
         else:
             louder = [i for i in speaking if not frames[i]]
             assert len(louder) >= 3, (len(louder), len(speaking))
+
+
+def test_the_echos_level_is_not_measured_from_a_reply_end_that_never_came_back() -> None:
+    # The last half second of a reply lost on its way to the phone: nothing
+    # of it comes back. As the agent's speech slides out of the window,
+    # that end was all that was left to measure the echo's level by, and
+    # its silence put the level 30 dB low: the next reply's echo was then
+    # louder than the echo could be, and taken for the caller.
+    first = librivox("0870")[: 4 * RATE].astype(np.float64)
+    second = librivox("0890")[: 3 * RATE].astype(np.float64)
+    gap = np.zeros(2 * RATE)
+    far = np.concatenate([first, gap, second, gap])
+    delay = int(0.26 * RATE)
+    echo = np.zeros(len(far))
+    echo[delay:] = far[: len(far) - delay]
+    lost = slice(len(first) - RATE // 2 + delay, len(first) + delay)
+    echo[lost] = 0.0
+    near = echo + np.random.default_rng(0).normal(0, 30, len(far))
+    presence = EchoPresence()
+    second_echo = range(len(first) + len(gap) + delay, len(first) + len(gap) + len(second) + delay)
+    taken_for_the_caller = 0
+    for at in range(0, len(far) - 160 + 1, 160):
+        presence.push(far[at : at + 160], near[at : at + 160])
+        beyond = presence.beyond_echo_db()
+        if at in second_echo and beyond is not None and beyond >= CALLER_OVER_ECHO_DB:
+            taken_for_the_caller += 1
+    assert presence.echo is True
+    assert taken_for_the_caller == 0
+
+
+def test_after_the_agents_last_word_only_someone_speaking_is_louder_than_its_echo() -> None:
+    # Once the agent has stopped, the loudest echo it could make falls to
+    # nothing, below even the line's idle noise: that noise is nobody, and
+    # the caller's voice is the caller.
+    speech = librivox("0870")[: 4 * RATE].astype(np.float64)
+    caller = telephone_prompt("no").astype(np.float64)
+    far = np.concatenate([speech, np.zeros(RATE + len(caller))])
+    delay = int(0.2 * RATE)
+    near = np.zeros(len(far))
+    near[delay:] = far[: len(far) - delay] * 0.5
+    near += np.random.default_rng(0).normal(0, 3, len(far))  # G.711's idle values
+    caller_at = len(speech) + RATE
+    near[caller_at : caller_at + len(caller)] += caller
+    presence = EchoPresence()
+    idle: list[float | None] = []
+    speaking: list[float | None] = []
+    for at in range(0, len(far) - 160 + 1, 160):
+        presence.push(far[at : at + 160], near[at : at + 160])
+        if len(speech) + delay + RATE // 2 <= at < caller_at:
+            idle.append(presence.beyond_echo_db())
+        elif caller_at <= at < caller_at + len(caller):
+            speaking.append(presence.beyond_echo_db())
+    assert presence.echo is True
+    assert idle and all(beyond is None for beyond in idle)
+    assert sum(1 for b in speaking if b is not None and b >= CALLER_OVER_ECHO_DB) >= 5

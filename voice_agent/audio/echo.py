@@ -239,8 +239,8 @@ class EchoCanceller:
         louder = beyond is not None and beyond >= CALLER_OVER_ECHO_DB
         self._caller_chunks = self._caller_chunks + 1 if louder else 0
         if self._caller_chunks == 2 and self._played:
-            # Debug: on a line that echoes, two or three a reply (the echo
-            # itself after a delay step, as well as the caller).
+            # Debug: the caller's syllables (on echoing lines in calls, all
+            # came while the agent was quiet, none from its echo).
             log.debug(
                 "louder than the echo can be: the caller",
                 extra={"call_id": self._call_id, "beyond_echo_db": round(beyond or 0.0, 1)},

@@ -37,9 +37,22 @@ the delay found, plus that return. Near-end audio well above it is not
 the echo alone: the caller is speaking (``beyond_echo_db``). AEC3 may let
 an echo through while it re-learns a moved path, but the echo's level on
 the line stays what it was, so this holds when the canceller does not.
+The return is measured only by a judgement that finds the echo where it
+is known to be, and the highest of the last three seconds' measurements
+is used: the ways the measurement was seen to go wrong put it low. A
+delay that has stepped pairs the echo with the wrong syllables while the
+window holds both delays; once the agent stops, the last of its speech in
+the window is its fade-out, whose echo can come back far quieter. In
+calls the return measured went from -5.7 to -8.9 dB that way, or from +1
+to -5 dB in the second before the next reply; that reply's echo then
+came out 4-8 dB louder than the echo could be, and cut it. A near-end
+chunk too quiet for anyone speaking is never the caller: after the
+agent's last word the echo predicted falls below the line's idle values.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
@@ -71,9 +84,16 @@ ECHO_STREAK = 2
 NO_ECHO_CORRELATION = 0.5
 NO_ECHO_STREAK = 3
 QUIET_SHARE = 0.7
+# The echo's return: the highest of this many measurements (one a judgement
+# that found the echo at its delay, while the agent speaks: three seconds).
+RETURN_MEMORY = 30
 # The delays around the one found that the echo's level is taken from: it
 # may have stepped 120 ms either way since (as audio/residual_echo.py).
 LEVEL_SPREAD = 12
+# Near-end chunks quieter than the agent speaking (about -50 dBFS) are
+# nobody speaking: once the agent has paused for longer than the spread
+# above, the echo predicted falls below even G.711's idle values.
+NEAR_SPEAKING_DB = FAR_ACTIVE_DB
 
 
 def energy_db(chunk: np.ndarray) -> float:
@@ -98,6 +118,7 @@ class EchoPresence:
         # The echo's level against the agent's (dB, the median near less far
         # at the delay found over the window's agent speech), once echo is found.
         self.echo_return_db: float | None = None
+        self._returns: deque[float] = deque(maxlen=RETURN_MEMORY)
 
     @property
     def echo_delay_chunks(self) -> int:
@@ -125,7 +146,8 @@ class EchoPresence:
         self.best_correlation = correlation
         if self.echo is True:
             self._track(correlation, lag)
-            self._measure_return()
+            if correlation >= ECHO_CORRELATION and self._at_echo_delay(lag):
+                self._measure_return()
             return
         if correlation >= ECHO_CORRELATION:
             same = self._echo_lag is not None and abs(lag - self._echo_lag) <= SAME_DELAY
@@ -158,22 +180,30 @@ class EchoPresence:
             return
         self._candidate = lag
 
+    def _at_echo_delay(self, lag: int) -> bool:
+        return self._echo_lag is not None and abs(lag - self._echo_lag) <= SAME_DELAY // 2
+
     def _measure_return(self) -> None:
-        """The echo's level against the agent's, at the delay found."""
+        """The echo's level against the agent's, at the delay found: the
+        median now, the highest of the last RETURN_MEMORY kept."""
         assert self._echo_lag is not None
         far, near = self._window()
         lag = self._echo_lag
         sent, heard = far[: len(far) - lag], near[lag:]
         active = sent >= FAR_ACTIVE_DB
         if int(active.sum()) >= MIN_ACTIVE:
-            self.echo_return_db = float(np.median(heard[active] - sent[active]))
+            self._returns.append(float(np.median(heard[active] - sent[active])))
+            self.echo_return_db = max(self._returns)
 
     def beyond_echo_db(self) -> float | None:
         """How far (dB) the latest near-end chunk is above the loudest echo
-        the agent's audio could make of it; None until echo is found."""
+        the agent's audio could make of it; None until echo is found, and
+        for a chunk too quiet to be anyone speaking."""
         if self.echo is not True or self.echo_return_db is None or self._echo_lag is None:
             return None
         latest = self._count - 1
+        if self._near[latest % WINDOW] < NEAR_SPEAKING_DB:
+            return None
         nearest = max(0, self._echo_lag - LEVEL_SPREAD)
         farthest = min(self._echo_lag + LEVEL_SPREAD, self._filled - 1)
         if farthest < nearest:
