@@ -6,8 +6,8 @@ import onnxruntime
 
 
 def quiet_session_options(threads: int) -> onnxruntime.SessionOptions:
-    """``threads`` compute threads that sleep when idle, no memory pattern
-    kept per input shape, and no memory arena.
+    """``threads`` compute threads that sleep when idle, and no memory
+    pattern kept per input shape.
 
     - Spinning idle threads would hold the cores the next stage needs (the
       LLM right after a transcript, the LLM and STT beside Piper).
@@ -15,14 +15,6 @@ def quiet_session_options(threads: int) -> onnxruntime.SessionOptions:
       for every input shape it has seen, without a bound. Sentences and
       decoding steps are new shapes all the time. Turning it off is ONNX
       Runtime's advice for inputs whose shapes vary, and it is no slower here.
-    - ONNX Runtime's CPU arena keeps the largest run's working memory for
-      the session's life, never given back. For Piper that is the longest
-      sentence yet: a 34-word one left the process 220 MB larger with the
-      arena, 18 MB without, at the same speed (632 against 634-643 ms).
-      Smart Turn: 47 against 28 MB after single decisions, 108 against
-      29 after batches of four; a decision as fast (+1 ms), a batch of
-      four 31 ms slower (of 200). The Whisper decoder: 255 against 165 MB
-      over 60 batches, at the same speed.
     """
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
@@ -30,7 +22,6 @@ def quiet_session_options(threads: int) -> onnxruntime.SessionOptions:
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.enable_mem_pattern = False
-    options.enable_cpu_mem_arena = False
     return options
 
 
