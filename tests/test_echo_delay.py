@@ -114,7 +114,7 @@ def test_the_echos_level_is_not_measured_from_a_reply_end_that_never_came_back()
     # The last half second of a reply lost on its way to the phone: nothing
     # of it comes back. As the agent's speech slides out of the window,
     # that end was all that was left to measure the echo's level by, and
-    # its silence put the level 30 dB low: the next reply's echo was then
+    # its silence put the level 36 dB low: the next reply's echo was then
     # louder than the echo could be, and taken for the caller.
     first = librivox("0870")[: 4 * RATE].astype(np.float64)
     second = librivox("0890")[: 3 * RATE].astype(np.float64)

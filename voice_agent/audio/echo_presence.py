@@ -170,8 +170,7 @@ class EchoPresence:
         if correlation < ECHO_CORRELATION:
             self._candidate = None
             return
-        assert self._echo_lag is not None
-        if abs(lag - self._echo_lag) <= SAME_DELAY // 2:
+        if self._at_echo_delay(lag):
             self._candidate = None
             return
         if self._candidate is not None and abs(lag - self._candidate) <= SAME_DELAY // 2:
