@@ -1,6 +1,6 @@
 """Word error rate of a phone call (G.711) that loses packets, with the lost
-20 ms spliced out (as before), zero-filled, or concealed (rtc/inline_decoding.py
-with audio/concealment.py, ITU-T G.711 Appendix I).
+20 ms spliced out, zero-filled, or concealed (rtc/inline_decoding.py with
+audio/concealment.py: ITU-T G.711 Appendix I, from both sides of the gap).
 
 Offline, no call: each utterance of the measurement set (bench/speech_sets.py:
 telephone prompts, spontaneous speech, odd voices, read books; never the
@@ -20,6 +20,8 @@ Arms, for the same packets:
 - ``spliced``: the decoder as it was (``conceal=False``): the session hears
   the packets that arrived end to end;
 - ``zero-filled``: the same, each lost packet's 20 ms replaced by silence;
+- ``before only``: the same, each gap concealed from the audio before it
+  alone, as Appendix I does (``G711Concealer.lost`` without ``following``);
 - ``concealed``: the decoder as it is.
 
 At 0 % loss the arms hear the same audio (the concealed one 3.75 ms later),
@@ -34,6 +36,7 @@ two words or more, or in another number of turns.
     .venv/bin/python bench/packet_loss.py --seeds 1 --limit 40
     .venv/bin/python bench/packet_loss.py --rates 0.05 0.1 0.2 --stt-model tiny.en
     .venv/bin/python bench/packet_loss.py --log /tmp/loss.jsonl   # every run, as it ends
+    .venv/bin/python bench/packet_loss.py --rates 0.1 --arms "before only" concealed
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from aiortc import MediaStreamTrack, RTCRtpCodecParameters
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError
 
+from voice_agent.audio.concealment import G711Concealer
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.backends import registry
 from voice_agent.config import Settings
@@ -83,7 +87,7 @@ NARROW = 8_000
 PACKET = NARROW // 50  # 20 ms
 PCMU = RTCRtpCodecParameters(mimeType="audio/PCMU", clockRate=NARROW, channels=1, payloadType=0)
 TRAILING_S = 0.8  # silence after the speech: longer than the turn's end (500 ms)
-ARMS = ["spliced", "zero-filled", "concealed"]
+ARMS = ["spliced", "zero-filled", "before only", "concealed"]
 WORSE_BY = 2  # word errors more than the loss-free run's: a failure
 
 
@@ -151,6 +155,8 @@ def decoded(payloads: list[bytes], lost: np.ndarray, arm: str) -> list[Any]:
     inline.put(None)
     queue = receiver._track._queue
     items = [queue.get_nowait() for _ in range(queue.qsize())][:-1]  # the end: None
+    if arm == "before only":
+        return concealed_from_before(items)
     if arm != "zero-filled":
         return items
     filled: list[Any] = []
@@ -162,6 +168,22 @@ def decoded(payloads: list[bytes], lost: np.ndarray, arm: str) -> list[Any]:
         filled.append(item)
         expected = item.pts + item.samples
     return filled
+
+
+def concealed_from_before(items: list[Any]) -> list[Any]:
+    """The packets that arrived (decoded, in order, stamped), each gap
+    filled from the audio before it alone: Appendix I's extrapolation."""
+    concealer = G711Concealer()
+    out: list[Any] = []
+    expected = 0
+    for item in items:
+        samples = item.to_ndarray().reshape(-1).astype(np.int16)
+        pieces = [concealer.lost(item.pts - expected), concealer.good(samples)]
+        audio = np.concatenate(pieces)
+        start = item.pts + len(samples) - concealer.held - len(audio)
+        out.append(DecodedAudio(audio, start, NARROW, fractions.Fraction(1, NARROW)))
+        expected = item.pts + len(samples)
+    return out
 
 
 async def heard_at_16k(items: list[Any]) -> np.ndarray:
@@ -206,9 +228,9 @@ def pooled_wer(results: list[Heard]) -> float:
     return sum(errors(r.reference, r.transcript) for r in results) / max(1, total)
 
 
-def runs(rates: list[float], seeds: int) -> list[tuple[str, float, int]]:
+def runs(rates: list[float], seeds: int, arms: list[str]) -> list[tuple[str, float, int]]:
     found = [("spliced", 0.0, 0), ("concealed", 0.0, 0)]
-    found += [(arm, rate, seed) for rate in rates for seed in range(seeds) for arm in ARMS]
+    found += [(arm, rate, seed) for rate in rates for seed in range(seeds) for arm in arms]
     return found
 
 
@@ -263,12 +285,14 @@ def _paired(results: list[Heard], rates: list[float]) -> list[list[object]]:
     errs = {(r.arm, r.rate, r.seed, r.name): errors(r.reference, r.transcript) for r in results}
     rows: list[list[object]] = []
     for rate in rates:
-        for other in ("spliced", "zero-filled"):
+        for other in ("spliced", "zero-filled", "before only"):
             pairs = [
                 (errs[key], errs[(other, *key[1:])])
                 for key in errs
-                if key[0] == "concealed" and key[1] == rate
+                if key[0] == "concealed" and key[1] == rate and (other, *key[1:]) in errs
             ]
+            if not pairs:
+                continue
             fewer = sum(mine < theirs for mine, theirs in pairs)
             more = sum(mine > theirs for mine, theirs in pairs)
             rows.append(
@@ -312,7 +336,7 @@ async def main(args: argparse.Namespace) -> None:
         await stt.warm_up()
         for index, utterance in enumerate(utterances):
             payloads = packets(utterance)
-            for arm, rate, seed in runs(args.rates, args.seeds):
+            for arm, rate, seed in runs(args.rates, args.seeds, args.arms):
                 lost = lost_packets(len(payloads), rate, seed, utterance.name)
                 audio = await heard_at_16k(decoded(payloads, lost, arm))
                 text, turns = await listened(audio, settings, vad, hearing)
@@ -341,4 +365,5 @@ if __name__ == "__main__":
     parser.add_argument("--match", help="only utterances whose name matches this regex")
     parser.add_argument("--stt-model", help="faster-whisper model (default: the service's)")
     parser.add_argument("--log", type=Path, help="append each run here (JSON lines) as it ends")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS, help="at each loss rate")
     asyncio.run(main(parser.parse_args()))

@@ -1,6 +1,7 @@
 """Lost packets of the caller's audio filled in before the VAD and the STT
 hear it (audio/concealment.py, rtc/inline_decoding.py): G.711 by repeating
-the last pitch periods (ITU-T G.711 Appendix I), Opus by libopus from the
+the last pitch periods (ITU-T G.711 Appendix I) into the next packet's
+first period repeated backwards, Opus by libopus from the
 next packet's FEC, which the answer asks senders for. All on recorded
 speech, with packets dropped at random (seeded)."""
 
@@ -66,6 +67,24 @@ def concealed(audio: np.ndarray, lost: np.ndarray) -> np.ndarray:
     return np.concatenate([*out, concealer.flush()])
 
 
+def concealed_from_both_sides(audio: np.ndarray, lost: np.ndarray) -> np.ndarray:
+    """As the decoder conceals: each gap filled once the packet after it
+    has arrived, from that packet too (a loss at the very end: from before)."""
+    concealer = G711Concealer()
+    out, gap = [], 0
+    for frame, gone in zip(audio.reshape(-1, FRAME), lost, strict=True):
+        if gone:
+            gap += 1
+            continue
+        if gap:
+            out.append(concealer.lost(gap * FRAME, following=frame))
+            gap = 0
+        out.append(concealer.good(frame))
+    if gap:
+        out.append(concealer.lost(gap * FRAME))
+    return np.concatenate([*out, concealer.flush()])
+
+
 def zero_filled(audio: np.ndarray, lost: np.ndarray) -> np.ndarray:
     filled = audio.reshape(-1, FRAME).copy()
     filled[lost] = 0
@@ -104,6 +123,7 @@ def voiced_lost_frames(audio: np.ndarray, lost: np.ndarray) -> Iterator[int]:
 
 
 ARMS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "both sides": concealed_from_both_sides,
     "concealed": concealed,
     "zero-filled": zero_filled,
     "spliced": spliced,
@@ -118,7 +138,7 @@ def test_lost_speech_is_filled_in_closer_to_what_was_said_than_a_hole(rate: floa
         audio = narrowband(clip)
         lost = dropped(len(audio) // FRAME, rate, seed)
         heard = {arm: fill(audio, lost) for arm, fill in ARMS.items()}
-        assert len(heard["concealed"]) == len(audio)  # every sample, nothing added
+        assert len(heard["concealed"]) == len(heard["both sides"]) == len(audio)  # nothing added
         for index in voiced_lost_frames(audio, lost):
             part = slice(index * FRAME, (index + 1) * FRAME)
             for arm, signal in heard.items():
@@ -129,6 +149,10 @@ def test_lost_speech_is_filled_in_closer_to_what_was_said_than_a_hole(rate: floa
     mean = {arm: float(np.mean(values)) for arm, values in distance.items()}
     # Measured: about 8-10 dB concealed, 15-19 spliced, 35 zero-filled.
     assert mean["concealed"] < 12
+    # The next packet's period too: 8.2-8.5 dB, and 3.0-3.6 dB of SNR
+    # against 1.1-1.6 (8 recordings, 3 loss patterns each, at 5-20 %).
+    assert mean["both sides"] < mean["concealed"] - 0.5
+    assert float(np.mean(snr["both sides"])) > float(np.mean(snr["concealed"])) + 1.0
     assert mean["concealed"] < 0.7 * mean["spliced"]
     assert mean["concealed"] < 0.4 * mean["zero-filled"]
     # The waveform too, if less so (a repeated period drifts in phase):
@@ -151,6 +175,7 @@ def test_the_seams_of_a_loss_make_no_click() -> None:
             steps[arm] += [abs(signal[s * FRAME] - signal[s * FRAME - 1]) for s in seams]
     mean = {arm: float(np.mean(values)) for arm, values in steps.items()}
     assert mean["concealed"] < 1.5 * mean["original"]
+    assert mean["both sides"] < 1.5 * mean["original"]
     assert mean["zero-filled"] > 2 * mean["concealed"]
 
 
@@ -186,6 +211,58 @@ def test_a_long_loss_fades_out_and_the_audio_after_it_fades_in() -> None:
     resumed = after[DELAY:].astype(np.float64)  # the good frame's own first samples
     assert np.abs(resumed[:8]).max() < np.abs(resumed[-40:]).max() / 2  # faded in, no step
     assert len(np.concatenate([*out, gap, after])) == 17 * FRAME - DELAY
+
+
+def vowel(hertz: int, samples: int, start: int = 0) -> np.ndarray:
+    """A steady voiced sound: ``hertz`` with its harmonics, at 8 kHz."""
+    t = (start + np.arange(samples)) / 8_000
+    voice: np.ndarray = np.sum([np.sin(2 * np.pi * hertz * k * t) / k for k in range(1, 8)], axis=0)
+    return voice * 6_000
+
+
+def test_a_gap_ends_in_the_voice_that_follows_it() -> None:
+    """The voice changes pitch in a 40 ms loss (125 Hz before it, 160 Hz
+    from its start on): filled from both sides, the gap's last 10 ms are
+    the voice after it; from before alone, a copy of the one before."""
+    before = vowel(125, 10 * FRAME).astype(np.int16)
+    after = vowel(160, 3 * FRAME, start=10 * FRAME)  # the gap's 2 frames and the next
+    following = after[2 * FRAME :].astype(np.int16)
+    truth = after[: 2 * FRAME]
+    last_10_ms = slice(2 * FRAME - concealment.STEP, 2 * FRAME)
+    snr = {}
+    for both in (True, False):
+        concealer = G711Concealer()
+        heard = [concealer.good(f) for f in before.reshape(-1, FRAME)]
+        gap = concealer.lost(2 * FRAME, following=following if both else None)
+        heard += [gap, concealer.good(following), concealer.flush()]
+        stream = np.concatenate(heard).astype(np.float64)
+        assert len(stream) == 13 * FRAME
+        filled = stream[10 * FRAME : 12 * FRAME]
+        snr[both] = snr_db(truth[last_10_ms], filled[last_10_ms])
+    # Measured: 16.7 dB from both sides, -0.7 from before alone.
+    assert snr[True] > 10 > 0 > snr[False]
+
+
+def test_a_long_gap_filled_from_both_sides_fades_out_and_in() -> None:
+    """120 ms lost inside a steady vowel: the guess from before fades out
+    by 60 ms into the gap, the one from after fades in over its last
+    60 ms, and the join into the packet after it is as smooth as the voice."""
+    audio = vowel(125, 17 * FRAME).astype(np.int16)
+    concealer = G711Concealer()
+    for f in audio[: 10 * FRAME].reshape(-1, FRAME):
+        concealer.good(f)
+    gap = concealer.lost(6 * FRAME, following=audio[16 * FRAME :])
+    after = concealer.good(audio[16 * FRAME :])
+    stream = np.concatenate((gap, after)).astype(np.float64)  # from 10 frames - DELAY on
+    levels = [
+        float(np.sqrt(np.mean(stream[DELAY + i * 80 : DELAY + (i + 1) * 80] ** 2)))
+        for i in range(12)
+    ]
+    assert levels[0] > levels[2] > levels[4] and levels[11] > levels[9] > levels[7]
+    assert min(levels[5:7]) < levels[0] / 10  # the middle of a long gap is nearly silent
+    seam = DELAY + 6 * FRAME  # where the packet after the gap starts
+    steps = np.abs(np.diff(stream[seam - 40 : seam + 40]))
+    assert steps.max() < 1.5 * np.abs(np.diff(audio.astype(np.float64))).max()
 
 
 def test_a_loss_with_too_little_before_it_to_repeat_is_silence() -> None:

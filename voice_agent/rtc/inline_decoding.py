@@ -26,7 +26,8 @@ Decoded there, a lost packet can be filled in too (the arrival-order
 buffer passes a gap on at once, and a late packet is a lost one), rather
 than the audio on both sides of it spliced together, every word with a
 hole cut out of it. G.711 is concealed by repeating the caller's
-last pitch periods (``audio.concealment``, ITU-T G.711 Appendix I); Opus
+last pitch periods (``audio.concealment``, ITU-T G.711 Appendix I), cross-faded
+into the next packet's first period repeated backwards; Opus
 by libopus, from the FEC the next packet carries, which a browser sends
 only when the answer asks for it (``ask_for_fec``).
 """
@@ -111,10 +112,11 @@ class InlineDecoder:
     Packets that never arrived are found from the RTP timestamps (the next
     one expected is the last one's plus its length) and filled in before
     the packet after them, stamped where they belong: G.711 by repeating
-    the last pitch periods (``audio.concealment``), Opus decoded to 16 kHz
-    by libopus, from the next packet's FEC where it has some. A jump back,
-    or forward by more than MAX_CONCEALED_MS, is no loss but a new stream
-    (another sender, a pause in sending): nothing is invented for it.
+    the last pitch periods into the next packet's first
+    (``audio.concealment``), Opus decoded to 16 kHz by libopus, from the
+    next packet's FEC where it has some. A jump back, or forward by more
+    than MAX_CONCEALED_MS, is no loss but a new stream (another sender, a
+    pause in sending): nothing is invented for it.
     ``conceal=False`` hands on what arrived and nothing else."""
 
     def __init__(self, receiver: Any, opus_16k: bool = False, conceal: bool = True) -> None:
@@ -249,13 +251,22 @@ class InlineDecoder:
             self._restart_g711(output)
         elif missing:
             assert self._next_timestamp is not None
-            reached, frame = self._next_timestamp, self._last_length
-            while missing > 0:  # one piece per lost packet
-                length = min(frame, missing)
-                reached = (reached + length) % RTP_WRAP
-                self._hand_on(concealer.lost(length), reached, output)
+            # The whole gap at once, from both sides: this packet is its end.
+            filled = concealer.lost(missing, following=samples)
+            start = (self._next_timestamp + missing - concealer.held - len(filled)) % RTP_WRAP
+            lengths = [
+                min(self._last_length, missing - done)
+                for done in range(0, missing, self._last_length)
+            ]
+            # One piece per lost packet; the first also takes the samples held before the gap.
+            lengths[0] += len(filled) - missing
+            for length in lengths:
+                piece = filled[:length]
+                filled = filled[length:]
+                if len(piece):
+                    output.put_nowait(DecodedAudio(piece, start, G711_RATE, G711_TIME_BASE))
+                start = (start + length) % RTP_WRAP
                 self.concealed_frames += 1
-                missing -= length
         end = (timestamp + len(samples)) % RTP_WRAP
         self._hand_on(concealer.good(samples), end, output)
         self._arrived(timestamp, len(samples))
