@@ -150,7 +150,7 @@ def test_lost_speech_is_filled_in_closer_to_what_was_said_than_a_hole(rate: floa
     # Measured: about 8-10 dB concealed, 15-19 spliced, 35 zero-filled.
     assert mean["concealed"] < 12
     # The next packet's period too: 8.2-8.5 dB, and 3.0-3.6 dB of SNR
-    # against 1.1-1.6 (8 recordings, 3 loss patterns each, at 5-20 %).
+    # against 1.1-1.6 (5 recordings, 3 loss patterns each, at 5-20 %).
     assert mean["both sides"] < mean["concealed"] - 0.5
     assert float(np.mean(snr["both sides"])) > float(np.mean(snr["concealed"])) + 1.0
     assert mean["concealed"] < 0.7 * mean["spliced"]

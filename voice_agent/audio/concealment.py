@@ -95,14 +95,15 @@ def leading_pitch_period(signal: np.ndarray) -> int | None:
     longest = min(PITCH_MAX, len(values) - LEADING_WINDOW_MIN, (len(values) * 4) // 5)
     if longest < PITCH_MIN:
         return None
-    best, best_score = PITCH_MIN, -np.inf
-    for lag in range(PITCH_MIN, longest + 1):
-        early, late = values[: len(values) - lag], values[lag:]
-        energy = float(np.dot(early, early) * np.dot(late, late))
-        score = float(np.dot(early, late)) / np.sqrt(max(energy, 1e-9))
-        if score > best_score:
-            best, best_score = lag, score
-    return best
+    lags = np.arange(PITCH_MIN, longest + 1)
+    # Per lag: the products of the samples with those a lag later, and the
+    # energies of the two overlapping stretches.
+    products = np.correlate(values, values, mode="full")[len(values) - 1 + lags]
+    squares = np.concatenate(([0.0], np.cumsum(values**2)))
+    early = squares[len(values) - lags]
+    late = squares[-1] - squares[lags]
+    score = products / np.sqrt(np.maximum(early * late, 1e-9))
+    return int(lags[int(np.argmax(score))])
 
 
 def backward_extension(following: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray] | None:
