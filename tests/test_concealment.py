@@ -350,6 +350,47 @@ async def test_g711_packets_lost_on_the_way_are_filled_in_where_they_belong() ->
     assert len(distances) >= 10 and float(np.mean(distances)) < 12
 
 
+@pytest.mark.parametrize("packet", [80, 160, 10])
+async def test_a_gap_is_stamped_piece_by_piece_for_any_packet_length(packet: int) -> None:
+    """10 ms packets, 20 ms ones, and 1.25 ms ones at a stream's start
+    (fewer samples held back than the concealer's delay): the pieces are
+    end to end from the first timestamp, one for each packet lost."""
+    audio = narrowband("0870")[: 60 * packet] if packet > 10 else narrowband("0870")[:600]
+    table = _table("PCMU")
+    payloads = [bytes(table[f.astype(np.int32) + 32768]) for f in audio.reshape(-1, packet)]
+    lost = np.zeros(len(payloads), bool)
+    lost[[1, 2, 3, 6, 20, 40, 41]] = True
+    first = 2**32 - 7 * packet  # wraps early on
+    receiver = Receiver()
+    inline = InlineDecoder(receiver)
+    for index, payload in enumerate(payloads):
+        if not lost[index]:
+            inline.put((PCMU, JitterFrame(payload, (first + index * packet) % 2**32)))
+    inline.put(None)
+    *pieces, _ = receiver.taken()
+    assert inline.concealed_frames == int(lost.sum())
+    unwrapped = [(p.pts - first) % 2**32 for p in pieces]
+    assert unwrapped[0] == 0
+    assert all(
+        b == a + len(p.samples) for a, b, p in zip(unwrapped, unwrapped[1:], pieces, strict=False)
+    )
+    assert sum(len(p.samples) for p in pieces) == len(audio)
+
+
+def test_a_packet_joined_to_one_gap_is_not_used_for_another() -> None:
+    """A gap filled towards a packet that never comes to ``good``: the next
+    packet handed over is heard as itself, not as the one joined before."""
+    audio = narrowband("0930")
+    concealer = G711Concealer()
+    for f in audio[: 10 * FRAME].reshape(-1, FRAME):
+        concealer.good(f)
+    concealer.lost(FRAME, following=audio[11 * FRAME : 12 * FRAME])
+    concealer.lost(FRAME)  # that packet did not arrive after all
+    out = concealer.good(np.zeros(FRAME, np.int16))
+    # Past the hand-over from the concealment (at most 10 ms): silence.
+    assert not out[DELAY + concealment.STEP :].any()
+
+
 def g711_decoded(codes: bytes) -> np.ndarray:
     """PCMU back to linear samples, by FFmpeg's decoder (aiortc's)."""
     codec = av.CodecContext.create("pcm_mulaw", "r")

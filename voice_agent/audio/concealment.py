@@ -22,8 +22,9 @@ What is kept from Appendix I:
 - from the second 10 ms on, a linear fade of 20 % per 10 ms: silence from
   60 ms (a repeated guess held longer is a tone, which the VAD would take
   for speech and the STT for a word);
-- an overlap-add from the repeated signal into the first good packet, a
-  quarter period plus 4 ms for every further 10 ms lost (up to 10 ms).
+- where the packet after the gap is not at hand (below), an overlap-add
+  from the repeated signal into it, a quarter period plus 4 ms for every
+  further 10 ms lost (up to 10 ms).
 
 The quarter-period overlap-add at the start rewrites the last samples
 before the loss, which therefore cannot have been passed on yet: every
@@ -37,9 +38,10 @@ period, repeated backwards, is a guess for the gap's end as good as the
 last period is for its start, and the two are cross-faded over the gap.
 An interpolation instead of an extrapolation: the gap ends where the next
 syllable begins rather than in a fade of the last one, at no added delay.
-Its first period is estimated on the packet alone (20 ms: windows of 5 to
-15 ms); a quarter-period overlap-add at the packet's start, Appendix I's
-seam mirrored in time, makes the join.
+Its first period is estimated on the packet alone where it is 20 ms or
+longer (windows of 5 to 15 ms), or else taken from before the gap; a
+quarter-period overlap-add at the packet's start, Appendix I's seam
+mirrored in time, makes the join.
 
 Gaps longer than MAX_CONCEALED_MS are no loss a listener fills in (a stream
 restarted, a pause in sending): the decoder does not conceal them
@@ -63,6 +65,7 @@ SILENT_AFTER = STEP + round(STEP / FADE_PER_STEP)  # 60 ms
 END_OVERLAP_STEP = RATE * 4 // 1000  # the end overlap grows 4 ms per 10 ms lost
 MAX_CONCEALED_MS = 120
 LEADING_WINDOW_MIN = STEP // 2  # 5 ms: the least audio a lag of the next packet is judged on
+LEADING_MIN = PITCH_MAX + LEADING_WINDOW_MIN  # 20 ms: a shorter packet is not searched
 
 
 def _ramp(length: int) -> np.ndarray:
@@ -90,12 +93,13 @@ def pitch_period(history: np.ndarray) -> int:
 def leading_pitch_period(signal: np.ndarray) -> int | None:
     """The lag at which the start of ``signal`` (the packet after a loss)
     best matches itself a lag later, over all of it that overlaps; None
-    when it is too short to judge even the shortest lag and overlap-add."""
+    when it is too short to try every lag (LEADING_MIN, 20 ms) on 5 ms or
+    more: a 10 ms packet would only be tried on lags up to 5 ms and
+    repeat half of a man's period."""
     values = signal.astype(np.float64)
-    longest = min(PITCH_MAX, len(values) - LEADING_WINDOW_MIN, (len(values) * 4) // 5)
-    if longest < PITCH_MIN:
+    if len(values) < LEADING_MIN:
         return None
-    lags = np.arange(PITCH_MIN, longest + 1)
+    lags = np.arange(PITCH_MIN, PITCH_MAX + 1)
     # Per lag: the products of the samples with those a lag later, and the
     # energies of the two overlapping stretches.
     products = np.correlate(values, values, mode="full")[len(values) - 1 + lags]
@@ -106,15 +110,20 @@ def leading_pitch_period(signal: np.ndarray) -> int | None:
     return int(lags[int(np.argmax(score))])
 
 
-def backward_extension(following: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+def backward_extension(
+    following: np.ndarray, count: int, period_before: int | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
     """``count`` samples leading up to ``following``: its first pitch period
     repeated backwards, faded out away from it as Appendix I fades its
     repetition (none in the first 10 ms, then 20 % every 10 ms); and
     ``following`` with its first quarter period blended towards the samples
-    a period later, so that the repetition joins it without a step. None
-    when the packet is too short to find a period in."""
-    period = leading_pitch_period(following)
-    if period is None:
+    a period later, so that the repetition joins it without a step. A
+    packet too short to find its period in takes ``period_before`` (the
+    gap's other side: a voice's pitch moves little in a few tens of
+    milliseconds); None when there is neither, or the packet is shorter
+    than the period."""
+    period = leading_pitch_period(following) or period_before
+    if not period or len(following) < period:
         return None
     signal = following.astype(np.float64)
     overlap = min(period // 4, len(signal) - period)
@@ -179,7 +188,9 @@ class G711Concealer:
         if not self._erased:
             self._begin()
         filled = self._synthesise(count)
-        ahead = None if following is None else backward_extension(following, count)
+        self._joined = None
+        before = self._period if self._source is not None else None
+        ahead = None if following is None else backward_extension(following, count, before)
         if ahead is not None:
             extension, self._joined = ahead
             towards = _ramp(count)
@@ -197,6 +208,7 @@ class G711Concealer:
         """The held samples: the stream has ended."""
         rest = self._history[len(self._history) - self.held :].copy()
         self.held = 0
+        self._joined = None
         return rest
 
     # -- internals ----------------------------------------------------------

@@ -252,20 +252,20 @@ class InlineDecoder:
         elif missing:
             assert self._next_timestamp is not None
             # The whole gap at once, from both sides: this packet is its end.
+            held = concealer.held
             filled = concealer.lost(missing, following=samples)
-            start = (self._next_timestamp + missing - concealer.held - len(filled)) % RTP_WRAP
-            lengths = [
-                min(self._last_length, missing - done)
-                for done in range(0, missing, self._last_length)
+            # One piece per lost packet, cut where the concealer's output
+            # reached the end of each (the first also takes the samples held
+            # before the gap); the output starts at the gap's start less those.
+            cuts = [
+                min(len(filled), max(0, held + end - concealer.held))
+                for end in range(self._last_length, missing, self._last_length)
             ]
-            # One piece per lost packet; the first also takes the samples held before the gap.
-            lengths[0] += len(filled) - missing
-            for length in lengths:
-                piece = filled[:length]
-                filled = filled[length:]
+            start = (self._next_timestamp - held) % RTP_WRAP
+            for piece in np.split(filled, cuts):
                 if len(piece):
                     output.put_nowait(DecodedAudio(piece, start, G711_RATE, G711_TIME_BASE))
-                start = (start + length) % RTP_WRAP
+                start = (start + len(piece)) % RTP_WRAP
                 self.concealed_frames += 1
         end = (timestamp + len(samples)) % RTP_WRAP
         self._hand_on(concealer.good(samples), end, output)
