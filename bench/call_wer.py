@@ -15,6 +15,10 @@ over the agent (on a G.711 line, AEC3 takes 11-14 dB off a caller who
 talks over the agent before the line is found free of echo:
 audio/echo_presence.py) and no LLM is needed.
 
+The Opus caller codes no FEC unless told the loss (``--client-fec-loss``):
+a browser codes in-band FEC where the answer asks for it (every answer
+here does) once RTCP tells it the link's loss; aiortc never does.
+
 Each run appends one JSON line per utterance to ``--log``; ``--report``
 reads such a log and prints, per loss label and codec, the WER pooled over
 words, and against the ``0`` label's run of the same utterance: how many
@@ -24,6 +28,8 @@ number of turns (a gap cutting a turn, or two turns merged).
     .venv/bin/python bench/call_wer.py --items 80 --label 0 --log /tmp/wer.jsonl
     sudo bash bench/lossy_network.sh 0 5 10 -- bench/call_wer.py --items 80 \
         --label {rate} --log /tmp/wer.jsonl
+    sudo bash bench/lossy_network.sh 10 -- bench/call_wer.py --items 80 \
+        --label {rate}-fec --client-fec-loss {rate} --log /tmp/wer.jsonl
     .venv/bin/python bench/call_wer.py --report /tmp/wer.jsonl
 """
 
@@ -92,9 +98,13 @@ async def turns_settled(client: RealtimeClient, after: int) -> None:
 
 
 async def speak_all(
-    http: aiohttp.ClientSession, url: str, codec: str, utterances: list[Utterance]
+    http: aiohttp.ClientSession,
+    url: str,
+    codec: str,
+    utterances: list[Utterance],
+    fec_loss: int = 0,
 ) -> list[dict[str, Any]]:
-    client = RealtimeClient(url, codec=codec)
+    client = RealtimeClient(url, codec=codec, opus_fec_loss=fec_loss)
     spans: list[tuple[float, float]] = []  # each utterance's speech, ms into the mic's stream
     timed_out: list[bool] = []
     try:
@@ -166,7 +176,9 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     try:
         async with aiohttp.ClientSession() as http:
             await wait_ready(http, url)
-            results = await asyncio.gather(*(speak_all(http, url, c, utterances) for c in CODECS))
+            results = await asyncio.gather(
+                *(speak_all(http, url, c, utterances, args.client_fec_loss) for c in CODECS)
+            )
     finally:
         process.send_signal(signal.SIGINT)
         await process.wait()
@@ -217,6 +229,13 @@ if __name__ == "__main__":
     parser.add_argument("--label", default="0", help="this run's loss, as the log records it")
     parser.add_argument("--log", help="append each utterance's result here (JSON lines)")
     parser.add_argument("--report", help="print the table of a log instead of running")
+    parser.add_argument(
+        "--client-fec-loss",
+        type=int,
+        default=0,
+        help="the Opus caller codes in-band FEC for this %% of packets lost, as a browser "
+        "does once RTCP reports the loss (0: none, as aiortc)",
+    )
     parser.add_argument("flags", nargs="*", help="more voice-agent serve flags, after --")
     args = parser.parse_args()
     if args.report:

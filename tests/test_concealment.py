@@ -31,6 +31,7 @@ from voice_agent.rtc import opus_wideband
 from voice_agent.rtc.call import Call
 from voice_agent.rtc.g711 import _table
 from voice_agent.rtc.inline_decoding import InlineDecoder, ask_for_fec
+from voice_agent.rtc.opus import opus_fec_asked
 from voice_agent.rtc.opus_wideband import DecodedAudio, WidebandOpusDecoder
 from voice_agent.testing.audio_data import librivox, silence
 
@@ -652,6 +653,46 @@ async def test_a_lossy_phone_line_is_heard_whole_in_one_turn(
     assert clean_ms > 2_000
     # Measured 2,580 and 2,600 ms; with the losses spliced out, 2,280.
     assert abs(lossy_ms - clean_ms) <= 100
+
+
+@pytest.mark.slow  # two calls, each speaking 3.3 s in real time
+@needs_libopus
+async def test_a_client_sending_fec_as_a_browser_does_has_its_losses_recovered(
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    """An Opus call losing every tenth packet: a client coding in-band FEC
+    where the answer asks for it (``opus_fec_loss``) has its lost frames
+    decoded from the next packet's FEC by the server; one that codes none,
+    as aiortc's, only concealed."""
+    server = await fake_server_factory(echo_cancel="off")
+    recovered = {}
+    for fec in (0, 10):
+        client = RealtimeClient(server.url, opus_fec_loss=fec)
+        await client.connect(http)
+        try:
+            gone = drop_audio_packets(client, 10, 3)
+            await spoken_once(client, librivox("0930"))
+            (call,) = server.calls.calls()
+            assert isinstance(call, Call)
+            (transceiver,) = call.pc.getTransceivers()
+            decoder = getattr(transceiver.receiver, "_RTCRtpReceiver__decoder_queue")  # noqa: B009
+            assert isinstance(decoder, InlineDecoder)
+            assert len(gone) >= 15 and abs(decoder.concealed_frames - len(gone)) <= 1
+            recovered[fec] = decoder.recovered_frames / decoder.concealed_frames
+        finally:
+            await client.hangup(http)
+        await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+    # FEC comes with speech, not with the silence around it: measured 0.7.
+    assert recovered[0] == 0 and recovered[10] >= 0.5
+
+
+def test_fec_is_sent_where_the_answer_asks_for_it_on_opus() -> None:
+    opus = "m=audio 9 UDP/TLS/RTP/SAVPF 111 0\r\na=rtpmap:111 opus/48000/2\r\n"
+    assert opus_fec_asked(opus + "a=fmtp:111 minptime=10;useinbandfec=1\r\n")
+    assert not opus_fec_asked(opus + "a=fmtp:111 minptime=10\r\n")
+    pcmu_first = "m=audio 9 UDP/TLS/RTP/SAVPF 0 111\r\na=rtpmap:111 opus/48000/2\r\n"
+    assert not opus_fec_asked(pcmu_first + "a=fmtp:111 useinbandfec=1\r\n")
+    assert not opus_fec_asked("v=0\r\n")
 
 
 async def test_a_browsers_call_is_answered_with_fec_asked_for(

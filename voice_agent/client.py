@@ -39,7 +39,7 @@ from voice_agent.audio.timeline import AudioTimeline
 from voice_agent.rtc import dtmf
 from voice_agent.rtc.g711 import FrameEncoder, encoder_for
 from voice_agent.rtc.inbound import frame_to_mono_int16
-from voice_agent.rtc.opus import make_packet
+from voice_agent.rtc.opus import make_packet, opus_fec_asked
 
 RATE = 48_000
 FRAME = 960
@@ -240,7 +240,11 @@ class RealtimeClient:
     """``codec``: offer only this codec (e.g. "audio/PCMU", as a telephone
     gateway does); ``ice_lite``: mark the offer ``a=ice-lite``, as gateways
     such as rtpengine can; ``echo``: the client's loudspeaker leaks into its
-    microphone, as a speakerphone's does."""
+    microphone, as a speakerphone's does; ``opus_fec_loss``: where the
+    answer asks for Opus in-band FEC (``useinbandfec=1``), send it, coded
+    for that percentage of packets lost. A browser does so once RTCP tells
+    it the link's loss; this client is told the loss instead (0, the
+    default: no FEC, as aiortc sends)."""
 
     def __init__(
         self,
@@ -251,11 +255,13 @@ class RealtimeClient:
         codec: str | None = None,
         ice_lite: bool = False,
         echo: SimulatedEcho | None = None,
+        opus_fec_loss: int = 0,
     ) -> None:
         dtmf.install()  # offers carry telephone-event, as a phone's do
         self.base_url = base_url.rstrip("/")
         self.codec = codec
         self.ice_lite = ice_lite
+        self.opus_fec_loss = opus_fec_loss
         # An API key or a client secret, sent as Authorization: Bearer.
         self.token = token
         # relay_only: offer only TURN relay candidates (as a browser's
@@ -330,6 +336,8 @@ class RealtimeClient:
             if response.status != 201:
                 raise RuntimeError(f"offer refused: {response.status} {body}")
             self.location = response.headers["Location"]
+        if self.opus_fec_loss > 0 and opus_fec_asked(body):
+            self.mic.encoder = encoder_for("audio/opus", self.opus_fec_loss)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body, type="answer"))
         async with asyncio.timeout(open_timeout):
             await self.channel_open.wait()

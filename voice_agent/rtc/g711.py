@@ -68,8 +68,8 @@ class G711Stream:
 class OpusFrames:
     """The Opus encoder behind the same interface."""
 
-    def __init__(self) -> None:
-        self._opus = OpusStream()
+    def __init__(self, fec_loss_percent: int = 0) -> None:
+        self._opus = OpusStream(fec_loss_percent)
 
     def encode(self, samples: np.ndarray) -> bytes:
         return self._opus.encode(samples)
@@ -78,13 +78,14 @@ class OpusFrames:
         return silence_payload()
 
 
-def encoder_for(mime_type: str) -> FrameEncoder:
-    """The encoder for a negotiated codec ("audio/opus", "audio/PCMU", ...)."""
+def encoder_for(mime_type: str, fec_loss_percent: int = 0) -> FrameEncoder:
+    """The encoder for a negotiated codec ("audio/opus", "audio/PCMU", ...);
+    Opus with in-band FEC for ``fec_loss_percent`` of packets lost."""
     name = mime_type.split("/", 1)[-1].upper()
     if name == "PCMU":
         return G711Stream("PCMU")
     if name == "PCMA":
         return G711Stream("PCMA")
     if name == "OPUS":
-        return OpusFrames()
+        return OpusFrames(fec_loss_percent)
     raise ValueError(f"no encoder for {mime_type}")

@@ -10,6 +10,7 @@ encoded once per process and re-sent with a new timestamp.
 from __future__ import annotations
 
 import fractions
+import re
 from functools import cache
 from typing import Any
 
@@ -24,7 +25,9 @@ TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 BITRATE = 32_000  # mono speech: transparent well below aiortc's 96 kb/s stereo
 
 
-def _encoder() -> AudioCodecContext:
+def _encoder(fec_loss_percent: int = 0) -> AudioCodecContext:
+    """``fec_loss_percent``: code in-band FEC (each packet carries a coarse
+    copy of the frame before it) for that expected packet loss; 0: none."""
     codec = CodecContext.create("libopus", "w")
     assert isinstance(codec, AudioCodecContext)
     codec.bit_rate = BITRATE
@@ -33,6 +36,8 @@ def _encoder() -> AudioCodecContext:
     codec.sample_rate = SAMPLE_RATE
     codec.time_base = TIME_BASE
     codec.options = {"application": "voip"}
+    if fec_loss_percent > 0:
+        codec.options = {**codec.options, "fec": "1", "packet_loss": str(fec_loss_percent)}
     return codec
 
 
@@ -64,10 +69,11 @@ def make_packet(payload: bytes, pts: int) -> av.Packet[Any]:
 
 
 class OpusStream:
-    """Encodes one outbound stream's 20 ms mono frames into Opus packets."""
+    """Encodes one outbound stream's 20 ms mono frames into Opus packets
+    (with in-band FEC for ``fec_loss_percent`` of packets lost, when not 0)."""
 
-    def __init__(self) -> None:
-        self._codec = _encoder()
+    def __init__(self, fec_loss_percent: int = 0) -> None:
+        self._codec = _encoder(fec_loss_percent)
         self._index = 0
 
     def encode(self, samples: np.ndarray) -> bytes:
@@ -78,3 +84,15 @@ class OpusStream:
         # libopus returns exactly one packet per 20 ms frame; should it ever
         # hold one back, silence keeps the stream's timing intact.
         return payloads[0] if payloads else silence_payload()
+
+
+def opus_fec_asked(answer: str) -> bool:
+    """Whether an answer's first audio codec is Opus and asks for in-band FEC."""
+    lines = answer.split("\r\n")
+    audio = next((line for line in lines if line.startswith("m=audio ")), None)
+    if audio is None or len(audio.split()) < 4:
+        return False
+    first = audio.split()[3]  # the payload type the answerer prefers
+    opus = any(re.match(rf"a=rtpmap:{first} opus/", line, re.IGNORECASE) for line in lines)
+    fmtp = next((line for line in lines if line.startswith(f"a=fmtp:{first} ")), "")
+    return opus and "useinbandfec=1" in fmtp.replace(" ", "")
