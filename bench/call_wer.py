@@ -66,6 +66,7 @@ SETTLE_S = 0.5  # after the audio: a turn it started has been announced
 LATE_EVENTS_S = 5.0  # after the last utterance: events held back by retransmission
 MIC_RATE = 48_000  # the client's stream clock (voice_agent/client.py)
 TURN_TIMEOUT_S = 20.0  # the cap (2 s) and a transcription, with room
+PLAY_SLACK_S = 10.0  # an utterance's audio this much later than real time: the call is gone
 NO_REPLIES = {"type": "semantic_vad", "create_response": False}
 STARTED = "input_audio_buffer.speech_started"
 ENDED = (
@@ -123,7 +124,14 @@ async def speak_all(
         for utterance in utterances:
             after = len(client.events)
             start_ms = client.mic.position() * 1000 / MIC_RATE
-            await client.mic.play(np.concatenate((utterance.audio, silence(GAP_S))), RATE)
+            audio = np.concatenate((utterance.audio, silence(GAP_S)))
+            # A call that died (its sender no longer takes the microphone's
+            # frames) would leave this waiting for good: a bench error instead.
+            played = client.mic.play(audio, RATE)
+            try:
+                await asyncio.wait_for(played, len(audio) / RATE + PLAY_SLACK_S)
+            except TimeoutError:
+                raise RuntimeError(f"{codec}: the call stopped taking audio") from None
             spans.append((start_ms, start_ms + len(utterance.audio) * 1000 / RATE))
             await asyncio.sleep(SETTLE_S)
             try:
