@@ -693,6 +693,7 @@ def test_fec_is_sent_where_the_answer_asks_for_it_on_opus() -> None:
     pcmu_first = "m=audio 9 UDP/TLS/RTP/SAVPF 0 111\r\na=rtpmap:111 opus/48000/2\r\n"
     assert not opus_fec_asked(pcmu_first + "a=fmtp:111 useinbandfec=1\r\n")
     assert not opus_fec_asked("v=0\r\n")
+    assert opus_fec_asked((opus + "a=fmtp:111 UseInbandFec=1\r\n").replace("\r\n", "\n"))
 
 
 async def test_a_browsers_call_is_answered_with_fec_asked_for(

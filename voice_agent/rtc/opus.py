@@ -88,11 +88,11 @@ class OpusStream:
 
 def opus_fec_asked(answer: str) -> bool:
     """Whether an answer's first audio codec is Opus and asks for in-band FEC."""
-    lines = answer.split("\r\n")
+    lines = answer.splitlines()
     audio = next((line for line in lines if line.startswith("m=audio ")), None)
     if audio is None or len(audio.split()) < 4:
         return False
-    first = audio.split()[3]  # the payload type the answerer prefers
+    first = re.escape(audio.split()[3])  # the payload type the answerer prefers
     opus = any(re.match(rf"a=rtpmap:{first} opus/", line, re.IGNORECASE) for line in lines)
-    fmtp = next((line for line in lines if line.startswith(f"a=fmtp:{first} ")), "")
-    return opus and "useinbandfec=1" in fmtp.replace(" ", "")
+    fmtp = next((line for line in lines if re.match(rf"a=fmtp:{first} ", line)), "")
+    return opus and "useinbandfec=1" in fmtp.replace(" ", "").lower()
