@@ -17,7 +17,7 @@ to be trusted). An utterance the agent took as two turns is scored on their
 transcripts joined; none scores as an empty transcript.
 
 Arms, for the same packets:
-- ``spliced``: the decoder as it was (``conceal=False``): the session hears
+- ``spliced``: the decoder without concealment (``conceal=False``): the session hears
   the packets that arrived end to end;
 - ``zero-filled``: the same, each lost packet's 20 ms replaced by silence;
 - ``before only``: the same, each gap concealed from the audio before it

@@ -305,9 +305,34 @@ class Receiver:
         return [queue.get_nowait() for _ in range(queue.qsize())]
 
 
-def pcmu(audio: np.ndarray) -> list[bytes]:
+def pcmu(audio: np.ndarray, packet: int = FRAME) -> list[bytes]:
     table = _table("PCMU")
-    return [bytes(table[f.astype(np.int32) + 32768]) for f in audio.reshape(-1, FRAME)]
+    return [bytes(table[f.astype(np.int32) + 32768]) for f in audio.reshape(-1, packet)]
+
+
+def g711_through_inline(
+    payloads: list[bytes], lost: np.ndarray, first: int, packet: int = FRAME
+) -> tuple[InlineDecoder, list[Any]]:
+    """The packets that arrived, stamped from ``first`` on (RTP wraps),
+    through a receiver's inline decoder; what its track got, the end taken off."""
+    receiver = Receiver()
+    inline = InlineDecoder(receiver)
+    for index, payload in enumerate(payloads):
+        if not lost[index]:
+            inline.put((PCMU, JitterFrame(payload, (first + index * packet) % 2**32)))
+    inline.put(None)
+    *pieces, end = receiver.taken()
+    assert end is None
+    return inline, pieces
+
+
+def assert_end_to_end(pieces: list[Any], first: int) -> None:
+    """The pieces follow each other without a gap or an overlap from ``first``."""
+    unwrapped = [(p.pts - first) % 2**32 for p in pieces]
+    assert unwrapped[0] == 0
+    assert all(
+        b == a + len(p.samples) for a, b, p in zip(unwrapped, unwrapped[1:], pieces, strict=False)
+    )
 
 
 async def test_g711_packets_lost_on_the_way_are_filled_in_where_they_belong() -> None:
@@ -316,23 +341,12 @@ async def test_g711_packets_lost_on_the_way_are_filled_in_where_they_belong() ->
     lost = dropped(len(payloads), 0.10, 7)
     # Timestamps that wrap past 2**32 in the middle of the speech.
     first = 2**32 - 40 * FRAME
-    receiver = Receiver()
-    inline = InlineDecoder(receiver)
-    for index, payload in enumerate(payloads):
-        if not lost[index]:
-            inline.put((PCMU, JitterFrame(payload, (first + index * FRAME) % 2**32)))
-    inline.put(None)
-    *pieces, end = receiver.taken()
-    assert end is None
+    inline, pieces = g711_through_inline(payloads, lost, first)
     assert all(isinstance(p, DecodedAudio) and p.sample_rate == 8_000 for p in pieces)
     assert all(p.time_base == fractions.Fraction(1, 8_000) for p in pieces)
     # One piece per packet that arrived, one per packet lost, end to end.
     assert inline.concealed_frames == int(lost.sum()) and len(pieces) == len(payloads) + 1
-    unwrapped = [(p.pts - first) % 2**32 for p in pieces]
-    assert unwrapped[0] == 0
-    assert all(
-        b == a + len(p.samples) for a, b, p in zip(unwrapped, unwrapped[1:], pieces, strict=False)
-    )
+    assert_end_to_end(pieces, first)
     heard = np.concatenate([p.samples for p in pieces])
     assert len(heard) == len(audio)
     # Where the packets arrived it is what was sent (through G.711), but
@@ -357,24 +371,13 @@ async def test_a_gap_is_stamped_piece_by_piece_for_any_packet_length(packet: int
     (fewer samples held back than the concealer's delay): the pieces are
     end to end from the first timestamp, one for each packet lost."""
     audio = narrowband("0870")[: 60 * packet] if packet > 10 else narrowband("0870")[:600]
-    table = _table("PCMU")
-    payloads = [bytes(table[f.astype(np.int32) + 32768]) for f in audio.reshape(-1, packet)]
+    payloads = pcmu(audio, packet)
     lost = np.zeros(len(payloads), bool)
     lost[[1, 2, 3, 6, 20, 40, 41]] = True
     first = 2**32 - 7 * packet  # wraps early on
-    receiver = Receiver()
-    inline = InlineDecoder(receiver)
-    for index, payload in enumerate(payloads):
-        if not lost[index]:
-            inline.put((PCMU, JitterFrame(payload, (first + index * packet) % 2**32)))
-    inline.put(None)
-    *pieces, _ = receiver.taken()
+    inline, pieces = g711_through_inline(payloads, lost, first, packet)
     assert inline.concealed_frames == int(lost.sum())
-    unwrapped = [(p.pts - first) % 2**32 for p in pieces]
-    assert unwrapped[0] == 0
-    assert all(
-        b == a + len(p.samples) for a, b, p in zip(unwrapped, unwrapped[1:], pieces, strict=False)
-    )
+    assert_end_to_end(pieces, first)
     assert sum(len(p.samples) for p in pieces) == len(audio)
 
 

@@ -139,9 +139,7 @@ def backward_extension(
 
 def _reversed_gain(count: int) -> np.ndarray:
     """Appendix I's fade, counted back from the end of ``count`` samples."""
-    gain = _gain(0, count)
-    if isinstance(gain, float):
-        return np.full(count, gain)
+    gain: np.ndarray = np.ones(count) * _gain(0, count)
     return gain[::-1]
 
 
