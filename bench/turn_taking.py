@@ -9,7 +9,8 @@ each item to one and then the other, so noise on this host hits both.
   blacklisted").
   Counted: turns the agent talked over (its reply began before the caller
   finished) and turns split in two (two user turns committed).
-- Finished sentences: whole prompts. Counted: client-measured voice-to-
+- Finished sentences: whole prompts, but for the few recorded to be joined
+  to a number or a name ("The number I have is"). Counted: client-measured voice-to-
   voice (end of the speech sent to the first sound received), p50 and p95.
 - Coughs over a reply: a 200 ms cough-like burst at -25 dBFS, 0.8 s into a
   reply. Counted: replies cancelled by it (false barge-ins).
@@ -44,6 +45,7 @@ import numpy as np
 
 from voice_agent.client import RealtimeClient
 from voice_agent.rtc.call import restrict_host_addresses
+from voice_agent.session.endpointing import words_unfinished
 from voice_agent.testing.audio_data import levels_db, noise_burst, silence, speech_bounds, words
 from voice_agent.testing.figures import percentile, table
 from voice_agent.testing.serving import servers_side_by_side
@@ -141,7 +143,16 @@ def material(
         gap = hesitant_cut(prompt)
         if gap is not None:
             hesitant.append((prompt.name, prompt.audio[:gap], prompt.audio[gap:]))
-    return hesitant[:limit], [p.audio for p in prompts[len(prompts) - finished :]]
+    sentences = [p for p in prompts if not template(p)]
+    return hesitant[:limit], [p.audio for p in sentences[len(sentences) - finished :]]
+
+
+def template(prompt: Utterance) -> bool:
+    """A prompt recorded to be joined to another, its reference text ending
+    where a number or a name goes ("The number I have is", "If this is
+    correct, press...", "who introduces themselves as:"): not a finished
+    sentence, and read as one that goes on."""
+    return words_unfinished(prompt.text)
 
 
 async def quiet(client: RealtimeClient) -> None:
