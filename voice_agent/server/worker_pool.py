@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+import site
 import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
@@ -31,6 +32,22 @@ from voice_agent.server.drain import DRAIN_PATH, GOODBYE_LIMIT_S
 from voice_agent.server.worker import EVENTS_PATH, WorkerConfig
 
 log = logging.getLogger(__name__)
+
+
+def same_code_interpreter() -> tuple[list[str], dict[str, str]]:
+    """The command and environment for a Python that imports the
+    voice_agent this process runs: ``-m`` would otherwise put the working
+    directory first, and a checkout's voice_agent/ there (another build's)
+    would answer this front's calls. The package's root leads the path,
+    unless it is site-packages (already on it, and not to go ahead of the
+    standard library)."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    installed = {str(Path(p).resolve()) for p in site.getsitepackages()}
+    if root not in installed:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
+    return [sys.executable, "-P"], env
+
 
 WORKER_ID = re.compile(r"^rtc_w(\d+)_")
 START_TIMEOUT_S = 60.0
@@ -172,10 +189,12 @@ class WorkerPool:
     async def _launch(self, worker: Worker) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(worker.socket)
+        interpreter, env = same_code_interpreter()
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
+            *interpreter,
             "-m",
             "voice_agent.server.worker",
+            env=env,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
