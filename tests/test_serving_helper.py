@@ -9,6 +9,8 @@ import os
 import sys
 import textwrap
 
+from voice_agent.testing.serving import start_server
+
 STARTS_A_SERVER = textwrap.dedent(
     """
     import asyncio
@@ -60,3 +62,17 @@ async def test_a_server_outlives_no_bench_killed_with_sigkill() -> None:
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
     assert not running(server)
+
+
+async def test_another_builds_server_runs_in_its_interpreters_directory() -> None:
+    # Not in this checkout, whose voice_agent/ would go ahead of that
+    # build's own in an older front's media workers.
+    process, _ = await start_server(
+        "--llm-base-url", "http://127.0.0.1:9/v1", "--vad", "webrtc", python=sys.executable
+    )
+    try:
+        cwd = os.readlink(f"/proc/{process.pid}/cwd")
+    finally:
+        process.kill()
+        await process.wait()
+    assert cwd == os.path.dirname(sys.executable)

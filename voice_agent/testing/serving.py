@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
 
 import aiohttp
 
@@ -50,6 +51,10 @@ async def start_server(
         *("--ice-host-addresses", "127.0.0.1", "--log-level", "WARNING"),
         *flags,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        # And in its own interpreter's directory: an older front starts its
+        # media workers with the working directory first on their path,
+        # where this checkout's voice_agent/ would go ahead of its own.
+        cwd=None if python is None else str(Path(python).parent),
         process_group=0 if own_process_group else None,
         preexec_fn=before_exec,
     )
