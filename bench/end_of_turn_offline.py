@@ -49,7 +49,6 @@ from voice_agent.session.endpointing import (
     EAGERNESS,
     SERVER_EAGERNESS,
     WORDS_LIKELY,
-    WORDS_SURE,
     words_unfinished,
 )
 from voice_agent.testing.figures import table
@@ -117,20 +116,6 @@ def report(items: list[Heard], threshold: float) -> None:
             row.append(f"{shown}/{len(group)}")
         rows.append(row)
     print(table(rows, ["rule", "unfinished ended", "stands alone ended", "whole held"]))
-    # The "incomplete"s the words cap ends: the turn ends after 500 ms of
-    # silence, before a caller who pauses for 1 s goes on.
-    cap_ms = EAGERNESS[SERVER_EAGERNESS].words_cap_ms
-    counts = []
-    for kind in kinds:
-        group = [i for i in items if i.kind == kind]
-        capped = [
-            i
-            for i in group
-            if i.voice < threshold and not words_unfinished(i.text) and i.words >= WORDS_SURE
-        ]
-        counts.append(f"{kind} {len(capped)}/{len(group)}")
-    label = f'"incomplete" with words >= {WORDS_SURE:g}, ended at {cap_ms} ms'
-    print(f"\n{label}: {', '.join(counts)}")
 
 
 async def main() -> None:

@@ -21,7 +21,6 @@ from voice_agent.session.endpointing import (
     EAGERNESS,
     VOICE_SURE,
     WORDS_LIKELY,
-    WORDS_SURE,
     WORDS_TIMEOUT_S,
     WORDS_UNLIKELY,
 )
@@ -32,7 +31,6 @@ from voice_agent.testing.waiting import until
 SENTENCE = np.concatenate((FINISHED, silence(0.3)))  # then a pause the model judges
 SPLIT_CAP_S = EAGERNESS["auto"].split_cap_ms / 1000  # 1.2 s
 CAP_S = EAGERNESS["auto"].cap_ms / 1000  # 2 s
-WORDS_CAP_S = EAGERNESS["auto"].words_cap_ms / 1000  # 0.5 s
 
 
 async def test_the_embedded_llm_reads_where_a_sentence_ends(engine: Engine) -> None:
@@ -106,8 +104,7 @@ async def test_a_sentence_the_voice_kept_up_ends_at_the_split_cap(
     engine: Engine, reader: Listener, words: ScriptedWords
 ) -> None:
     hastened = engine.end_of_turn.decisions["words_hastened"]
-    # Incomplete, says the voice; a sentence, say the words, not surely.
-    words.probability = (WORDS_LIKELY + WORDS_SURE) / 2
+    # Incomplete, says the voice; a sentence, say the words (0.4).
     await judged(reader, SENTENCE, voice=0.05)
     assert words.asked and "dial" in words.asked[-1].lower()
     await reader.say(silence(SPLIT_CAP_S - 0.3 - 0.1))
@@ -115,35 +112,6 @@ async def test_a_sentence_the_voice_kept_up_ends_at_the_split_cap(
     await reader.say(silence(0.2))
     assert len(committed(reader)) == 1  # at 1.2 s, not the 2 s cap
     assert engine.end_of_turn.decisions["words_hastened"] == hastened + 1
-
-
-async def test_words_sure_of_a_sentence_end_the_pause_at_the_words_cap(
-    engine: Engine, reader: Listener, words: ScriptedWords
-) -> None:
-    sure = engine.end_of_turn.decisions["words_sure"]
-    words.probability = WORDS_SURE  # "the conference is now unlocked", said with the voice up
-    await judged(reader, SENTENCE, voice=0.05)
-    assert words.asked and committed(reader) == []  # the words are read before 0.5 s
-    verdict = reader.session._verdict  # what the turn's latency record will say
-    assert verdict is not None and verdict.words_probability == WORDS_SURE
-    await reader.say(silence(WORDS_CAP_S - 0.3 + 0.1))
-    assert len(committed(reader)) == 1  # at 0.5 s, not the split cap
-    assert engine.end_of_turn.decisions["words_sure"] == sure + 1
-
-
-async def test_a_caller_who_goes_on_within_the_words_cap_keeps_the_turn(
-    reader: Listener, words: ScriptedWords
-) -> None:
-    words.probability = 0.9
-    await judged(reader, SENTENCE, voice=0.05)
-    # Speaks again before the words cap runs out, then pauses on words no
-    # sentence ends with.
-    words.probability = WORDS_LIKELY / 2
-    await judged(reader, SENTENCE, voice=0.05)
-    await reader.say(silence(WORDS_CAP_S))
-    assert committed(reader) == []  # the words cap was the first pause's only
-    await reader.say(silence(CAP_S - 0.3 - WORDS_CAP_S + 0.1))
-    assert len(committed(reader)) == 1  # the cap
 
 
 async def test_a_sure_complete_verdict_is_not_held_for_the_words(

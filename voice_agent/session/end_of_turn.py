@@ -27,7 +27,6 @@ from voice_agent.session.endpointing import (
     COMPLETE_WORDS_TIMEOUT_S,
     VOICE_SURE,
     WORDS_LIKELY,
-    WORDS_SURE,
     WORDS_UNLIKELY,
     words_unfinished,
 )
@@ -138,43 +137,26 @@ class EndOfTurn(SessionState):
 
     def _words_read(self, verdict: Verdict, probability: float | None, generation: int) -> None:
         """The voice heard the caller going on, the words read as a whole
-        sentence: the pause ends the turn after the shorter split cap, or
-        the words cap where the words are sure."""
+        sentence: the pause ends the turn after the shorter split cap."""
         if not self._still_judging(verdict, generation):
             return
         self._verdict = dataclasses.replace(verdict, words_probability=probability)
         if probability is None or probability < WORDS_LIKELY:
             return  # no answer, or both say the caller goes on: the cap
-        detection = self.turn_detection
-        assert detection is not None and detection.semantic is not None
-        if probability >= WORDS_SURE:
-            cap_ms, outcome = detection.semantic.words_cap_ms, "words_sure"
-        else:
-            cap_ms, outcome = detection.semantic.split_cap_ms, "words_hastened"
-        self._split_cap(outcome, verdict.probability, probability, cap_ms)
+        self._split_cap("words_hastened", verdict.probability, probability)
 
-    def _split_cap(
-        self, outcome: str, voice: float | None, words: float, cap_ms: int | None = None
-    ) -> None:
+    def _split_cap(self, outcome: str, voice: float | None, words: float) -> None:
         """The voice and the words disagree: this pause ends the turn after
-        ``cap_ms`` of silence, the split cap unless given (at once if the
-        pause is already that long)."""
+        the split cap (at once if it is already that long)."""
         detection = self.turn_detection
         assert detection is not None and detection.semantic is not None
         assert self._judge is not None
         self._judge.count(outcome)
-        cap_ms = detection.semantic.split_cap_ms if cap_ms is None else cap_ms
         log.debug(
-            "voice and words disagree: a shorter cap ends this pause",
-            extra={
-                "session": self.id,
-                "outcome": outcome,
-                "voice": voice,
-                "words": words,
-                "cap_ms": cap_ms,
-            },
+            "voice and words disagree: the split cap ends this pause",
+            extra={"session": self.id, "outcome": outcome, "voice": voice, "words": words},
         )
-        ended = self._detector.end_after_silence(cap_ms, this_pause=True)
+        ended = self._detector.end_after_silence(detection.semantic.split_cap_ms, this_pause=True)
         if ended is not None:
             self._on_turn_ended(ended, "silence")
 

@@ -38,14 +38,11 @@ log = logging.getLogger(__name__)
 # semantic_vad's eagerness, as OpenAI documents it: "low" lets the caller
 # take their time (a surer model verdict needed, the longest silence cap),
 # "high" ends turns soonest; "auto" is "medium".
-# The words cap at medium is the fixed silence's default: where the words
-# surely end a sentence, the voice's doubt delays the turn no more than
-# the fixed silence would.
 EAGERNESS: dict[str, SemanticTurn] = {
-    "low": SemanticTurn(threshold=0.7, cap_ms=3000, split_cap_ms=2000, words_cap_ms=1000),
-    "medium": SemanticTurn(threshold=0.5, cap_ms=2000, split_cap_ms=1200, words_cap_ms=500),
-    "auto": SemanticTurn(threshold=0.5, cap_ms=2000, split_cap_ms=1200, words_cap_ms=500),
-    "high": SemanticTurn(threshold=0.35, cap_ms=1200, split_cap_ms=800, words_cap_ms=300),
+    "low": SemanticTurn(threshold=0.7, cap_ms=3000, split_cap_ms=2000),
+    "medium": SemanticTurn(threshold=0.5, cap_ms=2000, split_cap_ms=1200),
+    "auto": SemanticTurn(threshold=0.5, cap_ms=2000, split_cap_ms=1200),
+    "high": SemanticTurn(threshold=0.35, cap_ms=1200, split_cap_ms=800),
 }
 SERVER_EAGERNESS = "auto"  # semantic turns when the client has not chosen
 
@@ -67,13 +64,6 @@ TRAILING_MARKS = (",", "...", "\u2026", "-", "\u2014", ":")
 # of the 29 words before a pause in their middle (mostly clauses that
 # stand alone). A reading not back within WORDS_TIMEOUT_S counts as none.
 WORDS_LIKELY = 0.15
-# An "incomplete" whose words read as a sentence's end with at least this
-# probability ends the pause after the words cap, shorter than the split
-# cap: the reader whose voice stays up at a sentence's end. On the tuning
-# set 4 of the 6 whole prompts the voice held scored over it, and 1 of 29
-# phrases cut at a pause in their middle ("that feature is not available |
-# on this line", a sentence by its words); 0.3 to 0.4 did the same there.
-WORDS_SURE = 0.4
 # A "complete" the model is less sure of than VOICE_SURE is read by the
 # words judge too, and held to the split cap when its words read as a
 # sentence's end with less than WORDS_UNLIKELY ("letters of your party's",

@@ -28,13 +28,11 @@ class SemanticTurn:
     the turn ends at once; below it, the turn ends after ``cap_ms`` of
     silence unless the caller goes on. Where the words read (a language
     model's probability of a sentence ending there) disagree with the
-    voice, the pause ends the turn after ``split_cap_ms``; where they read
-    as a sentence's end surely, after ``words_cap_ms``."""
+    voice, the pause ends the turn after ``split_cap_ms``."""
 
     threshold: float
     cap_ms: int
     split_cap_ms: int
-    words_cap_ms: int
 
 
 @dataclass(frozen=True)
