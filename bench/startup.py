@@ -172,7 +172,13 @@ async def one_run(
     command = [*server, "serve", "--port", str(port), *args.server_arg]
     pipe = asyncio.subprocess.PIPE
     launched_wall, launched, busy = time.time(), time.monotonic(), busy_ticks()
-    process = await asyncio.create_subprocess_exec(*command, env=env, stdout=pipe, stderr=pipe)
+    # Another build runs in its interpreter's directory: an older front
+    # starts its media workers with the working directory first on their
+    # path, where this checkout's voice_agent/ would go ahead of its own.
+    cwd = None if server == [VOICE_AGENT] else Path(server[0]).parent
+    process = await asyncio.create_subprocess_exec(
+        *command, env=env, stdout=pipe, stderr=pipe, cwd=cwd
+    )
     readers = [asyncio.create_task(collect(s, lines)) for s in (process.stdout, process.stderr)]
     url, found = f"http://127.0.0.1:{port}", dict[int, str]()
     try:
