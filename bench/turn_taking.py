@@ -10,8 +10,9 @@ each item to one and then the other, so noise on this host hits both.
   Counted: turns the agent talked over (its reply began before the caller
   finished) and turns split in two (two user turns committed).
 - Finished sentences: whole prompts, but for the few recorded to be joined
-  to a number or a name ("The number I have is"). Counted: client-measured voice-to-
-  voice (end of the speech sent to the first sound received), p50 and p95.
+  to a number or a name ("The number I have is"). Counted: client-measured
+  voice-to-voice (end of the speech sent to the first sound received), p50
+  and p95.
 - Coughs over a reply: a 200 ms cough-like burst at -25 dBFS, 0.8 s into a
   reply. Counted: replies cancelled by it (false barge-ins).
 - Fillers over a reply: a recorded "uh" or "um" (0.16-0.25 s of a real
