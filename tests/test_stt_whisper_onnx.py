@@ -30,9 +30,9 @@ Runtimes = tuple[FasterWhisperStt, FasterWhisperStt]
 
 @pytest.fixture
 def runtimes() -> Iterator[Runtimes]:
-    """The ONNX decoder and CTranslate2's, each with its own model."""
-    onnx = FasterWhisperStt("base", "en", 2, decoder="onnx")
-    ct2 = FasterWhisperStt("base", "en", 2, decoder="ctranslate2")
+    """Whisper on ONNX Runtime (the default) and on CTranslate2 alone."""
+    onnx = FasterWhisperStt("base", "en", 2)
+    ct2 = FasterWhisperStt("base", "en", 2, decoder="ctranslate2", encoder="ctranslate2")
     yield onnx, ct2
     onnx.close()
     ct2.close()

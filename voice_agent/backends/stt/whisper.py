@@ -23,6 +23,7 @@ from voice_agent.backends.capabilities import Transcription
 from voice_agent.backends.runtime.batching import BatchingWorker
 from voice_agent.backends.stt import whisper_weights
 from voice_agent.backends.stt.whisper_batch import BatchTranscriber, Utterance
+from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
 from voice_agent.config.stt import SttSettings
 from voice_agent.cpu import call_at_idle_priority, default_parallel
 
@@ -59,6 +60,7 @@ class FasterWhisperStt:
         partial_max_s: float = 8.0,
         partial_lane: Literal["idle", "shared"] = "shared",
         decoder: Literal["onnx", "ctranslate2"] = "onnx",
+        encoder: Literal["onnx", "ctranslate2"] = "onnx",
     ) -> None:
         self._partial_max_samples = int(partial_max_s * 16000)
         self._partials_too_long = 0
@@ -66,10 +68,21 @@ class FasterWhisperStt:
         # Read by oneDNN when it creates its first primitive; a value the
         # operator set in the environment wins.
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
-        # num_workers: CTranslate2 runs that many calls at once, one per
-        # batch the worker lets run side by side (``parallel``).
-        self._model = WhisperModel(
-            str(path), device="cpu", compute_type="int8", cpu_threads=threads, num_workers=parallel
+        # CTranslate2 holds the whole model even to run one half of it: it is
+        # loaded only where a half runs on it.
+        self._model: WhisperModel | None = None
+        if "ctranslate2" in (encoder, decoder):
+            # num_workers: CTranslate2 runs that many calls at once, one per
+            # batch the worker lets run side by side (``parallel``).
+            self._model = WhisperModel(
+                str(path),
+                device="cpu",
+                compute_type="int8",
+                cpu_threads=threads,
+                num_workers=parallel,
+            )
+        onnx_encoder = (
+            OnnxWhisperEncoder(path, threads, copies=parallel) if encoder == "onnx" else None
         )
         # Partials on a second copy of the model whose compute threads run at
         # the OS's idle priority: CTranslate2 computes in threads the model
@@ -90,14 +103,14 @@ class FasterWhisperStt:
             IDLE_LANE_PARTIAL_INTERVAL_MS if partial_lane == "idle" else 0
         )
         self._batches = BatchTranscriber(
-            self._model, path, language or "en", window, threads, parallel, decoder
+            self._model, path, language or "en", window, threads, parallel, decoder, onnx_encoder
         )
         # One worker for every session: finals first; speculative work (the
         # turn so far, transcribed at a pause) is the low priority that is
         # shed (None) while finals wait, so it never delays one.
         self._worker: BatchingWorker[Utterance, Transcription] = BatchingWorker(
             "stt-batch",
-            lambda batch: self._batches.transcribe_batch(batch, self._model),
+            self._batches.transcribe_batch,
             max_batch,
             batch_wait_ms / 1000.0,
             max_partial_batch=max_speculative_batch,
@@ -124,6 +137,7 @@ class FasterWhisperStt:
                 "window": window,
                 "partial_lane": partial_lane,
                 "decoder": decoder,
+                "encoder": encoder,
             },
         )
 
@@ -213,4 +227,5 @@ def create(settings: SttSettings) -> FasterWhisperStt:
         partial_max_s=settings.stt_partial_max_s,
         partial_lane=settings.stt_partial_lane,
         decoder=settings.stt_decoder,
+        encoder=settings.stt_encoder,
     )

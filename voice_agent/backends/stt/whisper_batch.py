@@ -1,6 +1,7 @@
-"""The batch step of faster-whisper STT: a batch of utterances encoded by
-CTranslate2 in one pass and decoded, on ONNX Runtime or CTranslate2, into
-transcripts with their evidence. It runs in the batching worker's thread;
+"""The batch step of faster-whisper STT: a batch of utterances encoded in
+one pass and decoded into transcripts with their evidence, on ONNX Runtime
+(the default: whisper_onnx_encoder.py, whisper_onnx_decoder.py) or
+CTranslate2. It runs in the batching worker's thread;
 the backend (whisper.py) owns the models, the workers and the lanes.
 
 Whisper's encoder is trained on 30 s windows, and faster-whisper pads every
@@ -28,7 +29,9 @@ from typing import Literal
 
 import ctranslate2
 import numpy as np
+import tokenizers
 from faster_whisper import WhisperModel
+from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.tokenizer import Tokenizer
 
 from voice_agent.audio.pcm import int16_to_float
@@ -38,6 +41,7 @@ from voice_agent.backends.capabilities import (
     Transcription,
 )
 from voice_agent.backends.stt.whisper_onnx_decoder import Decoded, OnnxWhisperDecoder, TokenIds
+from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
 
 FULL_WINDOW_FRAMES = 3000  # 30 s of 10 ms mel frames
 TRIM_PAD_FRAMES = 100  # 1 s of padding after the utterance
@@ -57,6 +61,12 @@ DECODED_TOKENS_BASE = 8
 # the clip is that quiet itself.
 SILENCE_BELOW_MAX = 2.0
 SILENCE_FLOOR = -1.5
+# An utterance longer than the 30 s window, with no CTranslate2 model to
+# seek through it, is cut into pieces of at most LONG_PIECE_S at its
+# quietest 100 ms after LONG_PIECE_MIN_S (a pause, where there is one).
+LONG_PIECE_S = 28.0
+LONG_PIECE_MIN_S = 18.0
+MULTILINGUAL_VOCABULARY = 51865  # CTranslate2's test for a multilingual Whisper
 
 
 def _bare(word: str) -> str:
@@ -92,31 +102,58 @@ class Utterance:
     abandoned: bool = False  # set on the event loop, read in the worker thread
 
 
+def long_pieces(samples: np.ndarray, rate: int = 16_000) -> list[np.ndarray]:
+    """``samples`` cut into pieces of at most LONG_PIECE_S, each cut at the
+    quietest 100 ms between LONG_PIECE_MIN_S and LONG_PIECE_S into its piece."""
+    pieces: list[np.ndarray] = []
+    hop = rate // 10
+    while len(samples) > LONG_PIECE_S * rate:
+        lo, hi = int(LONG_PIECE_MIN_S * rate) // hop, int(LONG_PIECE_S * rate) // hop
+        frames = samples[lo * hop : hi * hop].astype(np.float32).reshape(-1, hop)
+        quietest = lo + int(np.argmin(np.square(frames).mean(axis=1)))
+        cut = quietest * hop + hop // 2
+        pieces.append(samples[:cut])
+        samples = samples[cut:]
+    pieces.append(samples)
+    return pieces
+
+
 class BatchTranscriber:
-    """Transcribes batches of utterances on ``model`` (and on the partial
-    lane's copy of it, passed with each batch), with one tokenizer and
-    prompt, and the ONNX decoder of ``decoder="onnx"``."""
+    """Transcribes batches of utterances with one tokenizer and prompt: on
+    ONNX Runtime's encoder and decoder where given (``encoder``,
+    ``decoder="onnx"``), else on the CTranslate2 ``model``; partials of the
+    idle lane on its own CTranslate2 copy, passed with each batch."""
 
     def __init__(
         self,
-        model: WhisperModel,
+        model: WhisperModel | None,
         path: Path,
         language: str,
         window: Literal["trim", "full"],
         threads: int,
         parallel: int,
         decoder: Literal["onnx", "ctranslate2"],
+        encoder: OnnxWhisperEncoder | None = None,
     ) -> None:
+        if model is None and (encoder is None or decoder != "onnx"):
+            raise ValueError("without a CTranslate2 model, both halves must run on ONNX Runtime")
         self._model = model
+        self._encoder = encoder
         self.abandoned_after_encoding = 0
         self.abandoned_while_decoding = 0
         self._language = language
         self._window = window
+        vocabulary = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
         self._tokenizer = Tokenizer(
-            self._model.hf_tokenizer,
-            self._model.model.is_multilingual,
+            vocabulary,
+            vocabulary.get_vocab_size() >= MULTILINGUAL_VOCABULARY,
             task="transcribe",
             language=self._language,
+        )
+        self._features = (
+            model.feature_extractor
+            if model is not None
+            else FeatureExtractor(feature_size=encoder.mel_bins if encoder is not None else 80)
         )
         # Timestamps on: in a trimmed window Whisper otherwise tends to "read"
         # the utterance again into the padding; its segment timestamps let us
@@ -154,22 +191,25 @@ class BatchTranscriber:
         window = min(FULL_WINDOW_FRAMES, frames + TRIM_PAD_FRAMES)
         return window + window % 2  # the encoder's stride-2 convolution wants an even length
 
-    def transcribe_batch(self, batch: list[Utterance], model: WhisperModel) -> list[Transcription]:
+    def transcribe_batch(
+        self, batch: list[Utterance], lane: WhisperModel | None = None
+    ) -> list[Transcription]:
         """Runs in the worker's thread: the utterances of a batch share one
-        encoder and decoder pass, each padded to the batch's longest window."""
+        encoder and decoder pass, each padded to the batch's longest window.
+        ``lane``: the idle lane's CTranslate2 copy; None, the main models."""
         results = [Transcription("")] * len(batch)
         short: list[tuple[int, np.ndarray]] = []
         for i, utterance in enumerate(batch):
             if utterance.abandoned:
                 continue
             samples = int16_to_float(utterance.audio)
-            features = model.feature_extractor(samples)
+            features = self._features(samples)
             if features.shape[1] > FULL_WINDOW_FRAMES:
-                results[i] = Transcription(self._transcribe_long(samples, model), careful=True)
+                results[i] = Transcription(self._transcribe_long(samples, lane), careful=True)
             else:
                 short.append((i, features))
         for group in self._similar_lengths(short, batch):
-            for i, result in self._generate(group, model, batch):
+            for i, result in self._generate(group, lane, batch):
                 results[i] = result
         return results
 
@@ -192,7 +232,10 @@ class BatchTranscriber:
         return groups
 
     def _generate(
-        self, group: list[tuple[int, np.ndarray]], model: WhisperModel, batch: list[Utterance]
+        self,
+        group: list[tuple[int, np.ndarray]],
+        lane: WhisperModel | None,
+        batch: list[Utterance],
     ) -> list[tuple[int, Transcription]]:
         window = max(self._window_frames(f.shape[1], batch[i].careful) for i, f in group)
         padded = np.empty((len(group), group[0][1].shape[0], window), dtype=np.float32)
@@ -206,10 +249,16 @@ class BatchTranscriber:
         )
         # Both decoders take CTranslate2's max_length, of which they decode half.
         max_length = 2 * decoded_limit
-        onnx_decoder = self._onnx if model is self._model else None
-        encoded = model.model.encode(
-            ctranslate2.StorageView.from_array(padded), to_cpu=onnx_decoder is not None
-        )
+        onnx_decoder = self._onnx if lane is None else None
+        ct2 = lane or self._model
+        encoded: np.ndarray | ctranslate2.StorageView
+        if lane is None and self._encoder is not None:
+            encoded = self._encoder.encode(padded)
+        else:
+            assert ct2 is not None
+            encoded = ct2.model.encode(
+                ctranslate2.StorageView.from_array(padded), to_cpu=onnx_decoder is not None
+            )
 
         def nobody_waits() -> bool:
             return all(batch[i].abandoned for i, _ in group)
@@ -230,7 +279,10 @@ class BatchTranscriber:
                 return []
             results = decoded
         else:
-            generated = model.model.generate(
+            assert ct2 is not None
+            if isinstance(encoded, np.ndarray):
+                encoded = ctranslate2.StorageView.from_array(encoded)
+            generated = ct2.model.generate(
                 encoded,
                 [self._prompt] * len(group),
                 beam_size=1,
@@ -308,7 +360,15 @@ class BatchTranscriber:
         # A restart cut away means the words that matter all came before it.
         return kept, last_time < duration_s - 0.1 and kept == text
 
-    def _transcribe_long(self, samples: np.ndarray, model: WhisperModel) -> str:
+    def _transcribe_long(self, samples: np.ndarray, lane: WhisperModel | None) -> str:
+        model = lane or self._model
+        if model is None:  # ONNX Runtime only: piece by piece in the trimmed window
+            texts = []
+            for piece in long_pieces(samples):
+                features = self._features(piece)
+                for _, result in self._generate([(0, features)], None, [Utterance(piece)]):
+                    texts.append(result.text)
+            return " ".join(text for text in texts if text)
         segments, _info = model.transcribe(
             samples,
             language=self._language,

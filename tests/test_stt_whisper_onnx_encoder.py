@@ -1,0 +1,109 @@
+"""``--stt-encoder onnx``: Whisper's encoder on ONNX Runtime, so that no
+CTranslate2 model is held; it must give the states CTranslate2 gives, and a
+turn longer than the 30 s window must still be heard whole."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import ctranslate2
+import numpy as np
+import pytest
+from faster_whisper import WhisperModel
+
+from voice_agent.backends.stt import whisper_onnx_graphs as graphs
+from voice_agent.backends.stt import whisper_weights
+from voice_agent.backends.stt.ct2_model_file import read_variables
+from voice_agent.backends.stt.whisper import FasterWhisperStt
+from voice_agent.backends.stt.whisper_batch import LONG_PIECE_MIN_S, LONG_PIECE_S, long_pieces
+from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
+from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
+
+RATE = 16_000
+
+
+@pytest.mark.models
+def test_the_encoder_gives_the_states_ctranslate2_computes_in_float() -> None:
+    path = whisper_weights.resolve("base")
+    exact = WhisperModel(str(path), device="cpu", compute_type="float32", cpu_threads=2)
+    encoder = OnnxWhisperEncoder(path, 2)
+    for clip in ("0880", "0930", "0870"):
+        mel = exact.feature_extractor(librivox(clip).astype(np.float32) / 32768)
+        features = np.ascontiguousarray(mel[None, :, : mel.shape[1] - mel.shape[1] % 2])
+        expected = np.asarray(
+            exact.model.encode(ctranslate2.StorageView.from_array(features), to_cpu=True)
+        )
+        states = encoder.encode(features)
+        assert states.shape == expected.shape == (1, features.shape[2] // 2, 512)
+        # int8 arithmetic: CTranslate2's own int8 is 0.04-0.07 off here; an
+        # int8 product after the GELU made it 0.11-0.20.
+        off = np.linalg.norm(states - expected) / np.linalg.norm(expected)
+        assert off < 0.08, (clip, off)
+
+
+def _whisper_models() -> int:
+    gc.collect()
+    return sum(isinstance(o, WhisperModel) for o in gc.get_objects())
+
+
+@pytest.mark.models
+def test_no_ctranslate2_model_is_held_unless_a_half_runs_on_it() -> None:
+    before = _whisper_models()
+    onnx = FasterWhisperStt("base", "en", 2)
+    assert _whisper_models() == before
+    mixed = FasterWhisperStt("base", "en", 2, decoder="ctranslate2")
+    assert _whisper_models() == before + 1
+    onnx.close()
+    mixed.close()
+
+
+def test_a_long_turn_is_cut_at_its_quietest_moment_into_whole_pieces() -> None:
+    rng = np.random.default_rng(3)
+    audio = rng.normal(0, 2000, 40 * RATE).astype(np.int16)
+    audio[23 * RATE : int(23.3 * RATE)] = 0  # a pause 23 s in
+    pieces = long_pieces(audio)
+    assert len(pieces[0]) in range(23 * RATE, int(23.3 * RATE))
+    assert np.array_equal(np.concatenate(pieces), audio)  # nothing lost or repeated
+    # No pause at all: cut anyway, within the bounds.
+    pieces = long_pieces(rng.normal(0, 2000, 70 * RATE).astype(np.int16))
+    assert sum(len(p) for p in pieces) == 70 * RATE
+    assert all(len(p) <= LONG_PIECE_S * RATE for p in pieces)
+    assert all(len(p) >= LONG_PIECE_MIN_S * RATE for p in pieces[:-1])
+
+
+@pytest.mark.models
+@pytest.mark.slow
+async def test_a_turn_longer_than_the_window_is_heard_whole() -> None:
+    clips = ["0870", "0880", "0890", "0920", "0930", "0870"]
+    gap = silence(0.7)
+    audio = np.concatenate([part for c in clips for part in (librivox(c), gap)])
+    assert len(audio) > 30 * RATE
+    stt = FasterWhisperStt("base", "en", 2)
+    try:
+        result = await stt.transcribe_detailed(audio)
+    finally:
+        stt.close()
+    assert result is not None and result.careful
+    expected = " ".join(reference(c) for c in clips)
+    assert word_error_rate(expected, result.text) <= 0.15, result.text
+
+
+@pytest.mark.models
+def test_the_encoder_graph_is_built_once_and_again_for_another_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_file = whisper_weights.resolve("base") / "model.bin"
+    weights = read_variables(model_file)
+    built = graphs.encoder_graph(model_file, weights, 8, cache=tmp_path)
+    assert [p.name.split("-")[0] for p in (tmp_path / graphs.CACHE_FOLDER).glob("*")] == ["encoder"]
+
+    def never(*args: object) -> None:
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(graphs, "build_encoder_graph", never)
+    assert graphs.encoder_graph(model_file, weights, 8, cache=tmp_path) == built  # from disk
+    other = tmp_path / "other-model.bin"
+    other.write_bytes(b"another model")
+    with pytest.raises(AssertionError, match="built again"):
+        graphs.encoder_graph(other, weights, 8, cache=tmp_path)
