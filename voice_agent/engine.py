@@ -20,7 +20,12 @@ from voice_agent.backends.base import (
     WordsBackend,
     synthesize,
 )
-from voice_agent.backends.capabilities import ClosesAsync, PartialTranscriber, WarmsUp
+from voice_agent.backends.capabilities import (
+    ClosesAsync,
+    PartialTranscriber,
+    ReleasesMemory,
+    WarmsUp,
+)
 from voice_agent.backends.llm.health import RemoteLlmProbe
 from voice_agent.backends.llm.http_client import HttpLlmConfig
 from voice_agent.backends.llm.llama_server import (
@@ -203,6 +208,8 @@ class Engine:
             )
         if self.llama is not None:
             self.llama.supervise()  # restarts from here on; a death before is fatal
+        if isinstance(self.models.tts, ReleasesMemory):  # idle until the first call
+            await self.models.tts.release_memory()
         if s.malloc_trim:  # 130-170 MB of the model process at ready
             await give_back_free_heap()
         self._started = True

@@ -259,6 +259,11 @@ class PriorityInferenceWorker:
                 job.future.set_result(running.result())
         self._next()
 
+    @property
+    def idle(self) -> bool:
+        """No job running or waiting."""
+        return self._running == 0 and not self._urgent and not self._normal
+
     def close(self) -> None:
         for job in (*self._urgent, *self._normal):
             job.future.cancel()

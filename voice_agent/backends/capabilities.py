@@ -47,6 +47,16 @@ class WarmsUp(Protocol):
 
 
 @runtime_checkable
+class ReleasesMemory(Protocol):
+    """A local model that keeps buffers between calls for speed, and can
+    give them back when the service is idle."""
+
+    async def release_memory(self) -> None:
+        """Give back what is kept between calls; the next call rebuilds it."""
+        ...
+
+
+@runtime_checkable
 class ClosesAsync(Protocol):
     """Holds connections that can only be closed on the event loop."""
 

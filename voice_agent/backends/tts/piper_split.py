@@ -47,7 +47,12 @@ class VoiceHalves:
     latent: str  # the tensor between them
     hop: int  # output samples per latent frame
 
-    def encode(self, phoneme_ids: list[int], scales: np.ndarray) -> np.ndarray:
+    def encode(
+        self,
+        phoneme_ids: list[int],
+        scales: np.ndarray,
+        options: onnxruntime.RunOptions | None = None,
+    ) -> np.ndarray:
         """Latent frames ``[1, channels, frames]`` of one sentence."""
         ids = np.asarray([phoneme_ids], dtype=np.int64)
         feeds = {
@@ -55,14 +60,21 @@ class VoiceHalves:
             "input_lengths": np.asarray([ids.shape[1]], dtype=np.int64),
             "scales": scales,
         }
-        latent: np.ndarray = self.encoder.run(None, feeds)[0]
+        latent: np.ndarray = self.encoder.run(None, feeds, options)[0]
         return latent
 
-    def decode(self, latent: np.ndarray, start: int, end: int) -> np.ndarray:
+    def decode(
+        self,
+        latent: np.ndarray,
+        start: int,
+        end: int,
+        options: onnxruntime.RunOptions | None = None,
+    ) -> np.ndarray:
         """Float audio of frames ``[start, end)``, decoded with their context."""
         frames = latent.shape[2]
         lo, hi = max(0, start - CONTEXT_FRAMES), min(frames, end + CONTEXT_FRAMES)
-        audio = self.decoder.run(None, {self.latent: latent[:, :, lo:hi]})[0].reshape(-1)
+        feeds = {self.latent: latent[:, :, lo:hi]}
+        audio = self.decoder.run(None, feeds, options)[0].reshape(-1)
         skip = (start - lo) * self.hop
         decoded: np.ndarray = audio[skip : skip + (end - start) * self.hop]
         return decoded
