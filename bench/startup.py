@@ -9,8 +9,12 @@ done), the media workers ready. At ready it sums the memory and CPU time
 of the server's process tree, found through /proc by parent pid (the front,
 the media workers, llama-server), and the CPU time the machine's other
 processes had meanwhile (on a busy machine, the wait apart from the work).
-Then SIGTERM, and a wait: a process of the tree still there (killed) or the
-server's runtime folder left is reported.
+With ``--calls N`` it then makes N calls of ``--call-turns`` turns each
+(bench/latency.py's real client and recordings, one after another), leaves
+the server idle for ``--idle-s`` and sums the memory again: what an idle
+service holds once it has been used, not only at start. Then SIGTERM, and a
+wait: a process of the tree still there (killed) or the server's runtime
+folder left is reported.
 
 Cold runs (``--cold``, one by default) point the derived-artefact cache
 (``VOICE_AGENT_CACHE``, whisper_weights.cache_root) at a fresh empty
@@ -25,6 +29,7 @@ the packages' files may be in the page cache.
     .venv/bin/python bench/startup.py             # 1 cold run, then 3 warm
     .venv/bin/python bench/startup.py --cold 0 --runs 5
     .venv/bin/python bench/startup.py --cold 0 --python /tmp/base/bin/python  # beside another build
+    .venv/bin/python bench/startup.py --cold 0 --runs 2 --calls 3   # + idle after 3 calls
 """
 
 from __future__ import annotations
@@ -46,8 +51,14 @@ from typing import Any
 
 import aiohttp
 
+from voice_agent.rtc.call import restrict_host_addresses
 from voice_agent.testing.figures import table
 from voice_agent.testing.ports import free_port
+
+# ``python bench/startup.py`` puts bench/ on the path, not the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.latency import one_call  # the calls of --calls
 
 VOICE_AGENT = Path(sys.executable).with_name("voice-agent")
 # Each step's column, and the message of the front's log line that ends it.
@@ -72,6 +83,8 @@ class Run:
     at: dict[str, float] = field(default_factory=lambda: {"launch": 0.0})  # seconds, by MARKS
     # role: [processes, RSS kB, PSS kB, CPU ticks (user + system) until ready]
     memory: dict[str, list[int]] = field(default_factory=dict)
+    after: dict[str, list[int]] = field(default_factory=dict)  # the same after calls and idle
+    turns: list[str] = field(default_factory=list)  # each call turn's status
     busy_s: float = 0.0  # the whole machine's CPU time from the launch to ready
     warnings: int = 0
     built: list[str] = field(default_factory=list)
@@ -96,9 +109,9 @@ def busy_ticks() -> int:
     return sum(fields) - fields[3] - fields[4]  # less idle and iowait
 
 
-def sample(run: Run, root: int) -> dict[int, str]:
-    """The memory and CPU time of ``root`` and its descendants into ``run``;
-    those processes, with their start times."""
+def sample(memory: dict[str, list[int]], root: int) -> dict[int, str]:
+    """The memory and CPU time of ``root`` and its descendants into
+    ``memory``; those processes, with their start times."""
     every, found, stack = processes(), dict[int, str](), [root]
     while stack:
         pid = stack.pop()
@@ -118,8 +131,8 @@ def sample(run: Run, root: int) -> dict[int, str]:
             name = "llama-server"
         elif b"voice_agent.server.worker" in argv:
             name = "workers"
-        totals = run.memory.get(name, [0, 0, 0, 0])
-        run.memory[name] = [a + b for a, b in zip(totals, [1, *kb, ticks], strict=True)]
+        totals = memory.get(name, [0, 0, 0, 0])
+        memory[name] = [a + b for a, b in zip(totals, [1, *kb, ticks], strict=True)]
     return found
 
 
@@ -188,7 +201,10 @@ async def one_run(
                 ready = await until_200(http, url + path, process, args.poll_ms / 1000)
                 run.at[f"{path} 200"] = ready - launched
         run.busy_s = (busy_ticks() - busy) / TICK
-        found = sample(run, process.pid)
+        found = sample(run.memory, process.pid)
+        if args.calls:
+            await used_then_idle(run, url, args)
+            found |= sample(run.after, process.pid)
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -206,6 +222,15 @@ async def one_run(
             os.kill(pid, signal.SIGKILL)
     read_log(run, lines, launched_wall)
     return run
+
+
+async def used_then_idle(run: Run, url: str, args: argparse.Namespace) -> None:
+    """``args.calls`` calls one after another, then ``args.idle_s`` of quiet."""
+    async with aiohttp.ClientSession() as http:
+        for index in range(args.calls):
+            turns, _ = await one_call(url, http, index, args.call_turns, 0.5)
+            run.turns += [t.status for t in turns]
+    await asyncio.sleep(args.idle_s)
 
 
 def seconds(value: float | None) -> str:
@@ -230,6 +255,20 @@ def report(runs: list[Run]) -> None:
         sums = [rss >> 10, pss >> 10, seconds(cpu / TICK), seconds(r.busy_s - cpu / TICK)]
         rows.append([r.name, *cells, *sums])
     print(table(rows, ["run", *ROLES, "RSS", "PSS", "CPU s", "others' CPU s"]))
+    used = [r for r in runs if r.after]
+    if used:
+        print(
+            "\n## After the calls and the idle spell: each role's RSS MB (processes); "
+            "the sums; the turns\n"
+        )
+        rows = []
+        for r in used:
+            idle = r.after
+            cells = [f"{idle[k][1] >> 10} ({idle[k][0]})" if k in idle else "-" for k in ROLES]
+            rss, pss = (sum(v[i] for v in idle.values()) >> 10 for i in (1, 2))
+            done = sum(status == "completed" for status in r.turns)
+            rows.append([r.name, *cells, rss, pss, f"{done} of {len(r.turns)} completed"])
+        print(table(rows, ["run", *ROLES, "RSS", "PSS", "turns"]))
     print("\n## Where the time goes: each step's seconds (medians, this build)\n")
     groups = [
         [r for r in runs if r.name.startswith(kind) and "(" not in r.name]
@@ -262,6 +301,9 @@ async def main() -> None:
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to ready, at most")
     parser.add_argument("--stop-timeout", type=float, default=60.0, help="seconds to exit")
     parser.add_argument("--server-arg", action="append", default=[], help="serve flag")
+    parser.add_argument("--calls", type=int, default=0, help="calls after ready, one by one")
+    parser.add_argument("--call-turns", type=int, default=2, help="turns of each call")
+    parser.add_argument("--idle-s", type=float, default=40.0, help="quiet after the calls")
     parser.add_argument(
         "--python",
         action="append",
@@ -270,6 +312,8 @@ async def main() -> None:
         "each warm run beside this build's",
     )
     args = parser.parse_args()
+    if args.calls:
+        restrict_host_addresses(["127.0.0.1"])  # the callers and the server on loopback
     builds: list[tuple[str, list[str | Path]]] = [("", [VOICE_AGENT])]
     # -P: that interpreter imports its own build, not the voice_agent/ here.
     builds += [(f" ({p})", [p, "-P", "-m", "voice_agent"]) for p in args.python]
