@@ -122,10 +122,13 @@ class _TimedWhisper:
 def instrument_whisper(stt: Any, ledger: Ledger) -> None:
     """Count faster-whisper's features, encoder and ONNX decoder apart.
     Reaches into the backend's parts: a bench's view, not an interface."""
-    model = stt._model
-    model.feature_extractor = ledger.wrap("features", model.feature_extractor)
-    model.model = _TimedWhisper(model.model, ledger)
-    onnx = stt._batches._onnx
+    batches = stt._batches
+    batches._features = ledger.wrap("features", batches._features)
+    if batches._encoder is not None:  # ONNX Runtime's
+        batches._encoder.encode = ledger.wrap("encoder", batches._encoder.encode)
+    else:  # CTranslate2's
+        stt._model.model = _TimedWhisper(stt._model.model, ledger)
+    onnx = batches._onnx
     if onnx is not None:
         onnx.generate = ledger.wrap("decoder", onnx.generate)
 
