@@ -323,3 +323,30 @@ async def test_a_front_killed_outright_leaves_its_sockets_and_the_next_front_rem
         async with asyncio.timeout(30):
             await second.wait()
     assert not mine.exists()
+
+
+def in_group(group: int) -> list[int]:
+    """The live processes of process group ``group``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == group and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+    return found
+
+
+async def test_workers_started_ahead_leave_with_a_front_whose_models_fail(
+    tmp_path: Path,
+) -> None:
+    # The workers start importing before the models load; a voice that is
+    # not there fails the start-up after them, and they must not outlive it.
+    env = {"TMPDIR": str(tmp_path)}
+    front, _ = await start_server(
+        "--workers", "2", "--tts-voice", str(tmp_path / "no-such-voice.onnx"),
+        env=env, own_process_group=True,
+    )  # fmt: skip
+    async with asyncio.timeout(120):
+        assert await front.wait() != 0
+    assert not in_group(front.pid)  # the front waited for each worker it started
+    assert not runtime_dirs(tmp_path)

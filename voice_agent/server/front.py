@@ -88,6 +88,7 @@ class FrontServer:
     async def start(self) -> None:
         # The front faces the clients: its listen() made the first runner.
         with self._runners[-1].app[LOOP_HEALTH].starting():
+            await self.pool.launch_ahead()
             await self.engine.start()
             # The capacity is known now (the turn's cost measured, or cached):
             # the front admits up to it, and each worker's own limit is it too.

@@ -8,8 +8,9 @@ session work (aiortc's per-packet Python, turn detection, protocol) spreads
 over N processes and N cores, while each model is loaded once and batches
 across every worker's calls.
 
-The parent writes one JSON line on stdin (settings, links, socket path,
-index) and keeps stdin open: end of file means the parent is gone (or
+The parent may start it before its models are loaded, so that the imports
+here overlap that; it then writes one JSON line on stdin (settings, links,
+socket path, index) and keeps stdin open: end of file means the parent is gone (or
 wants this worker stopped now), and the worker closes its calls and exits.
 SIGTERM (or the parent's ``POST /internal/drain``) drains it first: no new
 calls, the live ones finish or hear the goodbye (``server/drain.py``). It
@@ -122,7 +123,10 @@ async def main_async() -> None:
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
-    config = WorkerConfig(**json.loads(await stdin.readline()))
+    line = await stdin.readline()
+    if not line.strip():
+        return  # the parent went away (or stopped) before it sent the configuration
+    config = WorkerConfig(**json.loads(line))
     from voice_agent.logs import configure
 
     settings = config.settings

@@ -72,6 +72,9 @@ class Worker:
     # never sees this worker emptier than it is.
     unseen: set[str] = field(default_factory=set)
     up: bool = False
+    # Launched ahead, importing its code while the front loads the models:
+    # it waits for its configuration on stdin.
+    waiting: bool = False
     restarts: int = 0
     base_url: str = "http://worker"
 
@@ -157,6 +160,14 @@ class WorkerPool:
         return worker if worker.up else None
 
     # -- processes ------------------------------------------------------------
+    async def launch_ahead(self) -> None:
+        """Start every worker's process now, before the links exist: its
+        imports (~1.2 s of aiortc, aiohttp, numpy...) then overlap the
+        front's model loading, and start() only sends the configuration."""
+        for worker in self.workers:
+            worker.process = await self._spawn_process()
+            worker.waiting = True
+
     async def start(self, links: SharedModelLinks) -> None:
         """Start every worker; fails if any does not come up."""
         self._links = links
@@ -186,11 +197,9 @@ class WorkerPool:
         )
         return json.dumps(asdict(config)) + "\n"
 
-    async def _launch(self, worker: Worker) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(worker.socket)
+    async def _spawn_process(self) -> asyncio.subprocess.Process:
         interpreter, env = same_code_interpreter()
-        process = await asyncio.create_subprocess_exec(
+        return await asyncio.create_subprocess_exec(
             *interpreter,
             "-m",
             "voice_agent.server.worker",
@@ -198,6 +207,14 @@ class WorkerPool:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
+
+    async def _launch(self, worker: Worker) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(worker.socket)
+        process = worker.process
+        if not worker.waiting or process is None or process.returncode is not None:
+            process = await self._spawn_process()  # a restart, or one that died waiting
+        worker.waiting = False
         worker.process = process
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write(self._config(worker).encode())
