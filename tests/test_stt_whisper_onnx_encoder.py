@@ -14,7 +14,6 @@ from faster_whisper import WhisperModel
 
 from voice_agent.backends.stt import whisper_onnx_graphs as graphs
 from voice_agent.backends.stt import whisper_weights
-from voice_agent.backends.stt.ct2_model_file import read_variables
 from voice_agent.backends.stt.whisper import FasterWhisperStt
 from voice_agent.backends.stt.whisper_batch import LONG_PIECE_MIN_S, LONG_PIECE_S, long_pieces
 from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
@@ -94,16 +93,18 @@ def test_the_encoder_graph_is_built_once_and_again_for_another_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model_file = whisper_weights.resolve("base") / "model.bin"
-    weights = read_variables(model_file)
-    built = graphs.encoder_graph(model_file, weights, 8, cache=tmp_path)
-    assert [p.name.split("-")[0] for p in (tmp_path / graphs.CACHE_FOLDER).glob("*")] == ["encoder"]
+    built = graphs.encoder_graph(model_file, cache=tmp_path)
+    made = [p.name.split("-")[0] for p in (tmp_path / graphs.CACHE_FOLDER).glob("*")]
+    assert made == ["encoder"]
 
     def never(*args: object) -> None:
         raise AssertionError("built again")
 
+    monkeypatch.setattr(graphs, "read_variables", never)  # from disk: no weights read
+    assert graphs.encoder_graph(model_file, cache=tmp_path) == built
+    monkeypatch.undo()
     monkeypatch.setattr(graphs, "build_encoder_graph", never)
-    assert graphs.encoder_graph(model_file, weights, 8, cache=tmp_path) == built  # from disk
-    other = tmp_path / "other-model.bin"
-    other.write_bytes(b"another model")
+    other = tmp_path / "other-model.bin"  # another model's file: not the same graph
+    other.write_bytes(model_file.read_bytes() + b"\0")
     with pytest.raises(AssertionError, match="built again"):
-        graphs.encoder_graph(other, weights, 8, cache=tmp_path)
+        graphs.encoder_graph(other, cache=tmp_path)

@@ -30,8 +30,7 @@ import numpy as np
 import onnxruntime
 
 from voice_agent.backends.runtime.onnx_options import quiet_session_options, session_from_bytes
-from voice_agent.backends.stt.ct2_model_file import read_variables
-from voice_agent.backends.stt.whisper_onnx_graphs import decoder_graphs, layer_count
+from voice_agent.backends.stt.whisper_onnx_graphs import decoder_graphs
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +96,7 @@ class OnnxWhisperDecoder:
         copies: int = 1,
     ) -> None:
         started = time.monotonic()
-        weights = read_variables(model_dir / "model.bin")
-        self._layers = layer_count(weights)
-        heads = int(weights["decoder/num_heads"].reshape(-1)[0])
-        self._heads = heads
-        self._head_dim = weights["decoder/layer_norm/gamma"].shape[0] // heads
-        self._vocabulary = weights["decoder/embeddings/weight"].shape[0]
-        step_bytes, cross_bytes = decoder_graphs(model_dir / "model.bin", weights, heads)
-        del weights
+        step_bytes, cross_bytes = decoder_graphs(model_dir / "model.bin")
         self._sessions: queue.SimpleQueue[_Sessions] = queue.SimpleQueue()
         for _ in range(copies):
             self._sessions.put(
@@ -113,6 +105,12 @@ class OnnxWhisperDecoder:
         first = self._sessions.get()
         self._step_outputs = [o.name for o in first.step.get_outputs()]
         self._cross_outputs = [o.name for o in first.cross.get_outputs()]
+        # The model's sizes, as the graph's fixed dimensions hold them.
+        shapes = {i.name: i.shape for i in first.step.get_inputs()}
+        self._layers = sum(name.startswith("past_key_") for name in shapes)
+        _, heads, _, head_dim = shapes["past_key_0"]
+        self._heads, self._head_dim = int(heads), int(head_dim)
+        self._vocabulary = int(first.step.get_outputs()[0].shape[2])  # logits [B, S, V]
         self._sessions.put(first)
         self._ids = ids
         self._suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)

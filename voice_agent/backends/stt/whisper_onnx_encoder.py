@@ -23,7 +23,6 @@ import numpy as np
 import onnxruntime
 
 from voice_agent.backends.runtime.onnx_options import quiet_session_options, session_from_bytes
-from voice_agent.backends.stt.ct2_model_file import read_variables
 from voice_agent.backends.stt.whisper_onnx_graphs import encoder_graph
 
 log = logging.getLogger(__name__)
@@ -46,14 +45,13 @@ class OnnxWhisperEncoder:
 
     def __init__(self, model_dir: Path, threads: int, copies: int = 1) -> None:
         started = time.monotonic()
-        weights = read_variables(model_dir / "model.bin")
-        heads = int(weights["encoder/num_heads"].reshape(-1)[0])
-        self.mel_bins = int(weights["encoder/conv1/weight"].shape[1])
-        graph = encoder_graph(model_dir / "model.bin", weights, heads)
-        del weights
+        graph = encoder_graph(model_dir / "model.bin")
         self._sessions: queue.SimpleQueue[onnxruntime.InferenceSession] = queue.SimpleQueue()
         for _ in range(copies):
             self._sessions.put(_session(graph, threads))
+        first = self._sessions.get()
+        self.mel_bins = int(first.get_inputs()[0].shape[1])  # features [B, mel bins, F]
+        self._sessions.put(first)
         log.info(
             "onnx whisper encoder built",
             extra={"copies": copies, "seconds": round(time.monotonic() - started, 2)},

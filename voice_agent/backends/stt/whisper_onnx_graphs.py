@@ -25,6 +25,7 @@ time.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -37,6 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from voice_agent.backends.stt.ct2_model_file import read_variables
 from voice_agent.backends.stt.whisper_weights import cache_root
 
 log = logging.getLogger(__name__)
@@ -292,10 +294,18 @@ def build_cross_graph(weights: dict[str, np.ndarray], heads: int) -> onnx.ModelP
 
 
 def _key(model_file: Path) -> str:
-    """The model file's contents (about 0.2 s for Whisper base) and this
-    module's source, which says how graphs are built from it."""
+    """The model file's contents (about 0.15 s for Whisper base) and this
+    module's source, which says how graphs are built from it. Hashed once
+    a process while the file stays as it is (the encoder's graph and the
+    decoder's ask in turn)."""
+    found = model_file.resolve().stat()
+    return _content_key(str(model_file.resolve()), found.st_size, found.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _content_key(path: str, size: int, modified_ns: int) -> str:
     digest = hashlib.sha256(Path(__file__).read_bytes())
-    with model_file.open("rb") as handle:
+    with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()[:16]
@@ -347,30 +357,35 @@ def build_encoder_graph(weights: dict[str, np.ndarray], heads: int) -> onnx.Mode
     return g.model("whisper_encoder", inputs, outputs)
 
 
-def encoder_graph(
-    model_file: Path, weights: dict[str, np.ndarray], heads: int, cache: Path | None = None
-) -> bytes:
-    """The serialized encoder graph of ``model_file``: from the cache when
-    built before, else built now and cached."""
-    (encoder,) = _cached(
-        model_file, ("encoder",), lambda: [build_encoder_graph(weights, heads)], cache
-    )
+def encoder_graph(model_file: Path, cache: Path | None = None) -> bytes:
+    """The serialized encoder graph of the CTranslate2 ``model_file``: from
+    the cache when built before, else built now (its weights read only
+    then) and cached."""
+
+    def build() -> list[onnx.ModelProto]:
+        weights = read_variables(model_file)
+        return [build_encoder_graph(weights, heads(weights, "encoder"))]
+
+    (encoder,) = _cached(model_file, ("encoder",), build, cache)
     return encoder
 
 
-def decoder_graphs(
-    model_file: Path, weights: dict[str, np.ndarray], heads: int, cache: Path | None = None
-) -> tuple[bytes, bytes]:
-    """The serialized step and cross graphs of ``model_file`` (whose
-    ``weights`` are given): from the cache when built before, else built
-    now and cached."""
-    step, cross = _cached(
-        model_file,
-        ("step", "cross"),
-        lambda: [build_step_graph(weights, heads), build_cross_graph(weights, heads)],
-        cache,
-    )
+def decoder_graphs(model_file: Path, cache: Path | None = None) -> tuple[bytes, bytes]:
+    """The serialized step and cross graphs of the CTranslate2 ``model_file``,
+    as encoder_graph()."""
+
+    def build() -> list[onnx.ModelProto]:
+        weights = read_variables(model_file)
+        count = heads(weights, "decoder")
+        return [build_step_graph(weights, count), build_cross_graph(weights, count)]
+
+    step, cross = _cached(model_file, ("step", "cross"), build, cache)
     return step, cross
+
+
+def heads(weights: dict[str, np.ndarray], half: str) -> int:
+    """The attention heads of the model's ``encoder`` or ``decoder``."""
+    return int(weights[f"{half}/num_heads"].reshape(-1)[0])
 
 
 def _cached(
