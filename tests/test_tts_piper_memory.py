@@ -30,15 +30,18 @@ def _anonymous_mb() -> float:
 async def test_the_arenas_go_back_after_an_idle_spell_and_not_while_in_use(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(piper_tts, "ARENA_IDLE_S", 0.4)
+    monkeypatch.setattr(piper_tts, "ARENA_IDLE_S", 0.5)
     tts = PiperTts(default_voice_path(), 1.0, threads=2)
     releases = 0
     release = tts._release_blocking
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
 
-    def counted() -> None:
+    def counted() -> None:  # in the worker's thread
         nonlocal releases
         releases += 1
         release()
+        loop.call_soon_threadsafe(done.set)
 
     monkeypatch.setattr(tts, "_release_blocking", counted)
     try:
@@ -47,10 +50,12 @@ async def test_the_arenas_go_back_after_an_idle_spell_and_not_while_in_use(
         grown = _anonymous_mb()
         # A caller speaking every 0.2 s keeps them.
         for _ in range(5):
+            last_asked = loop.time()
             await synthesize(tts, "Sure.")
             await asyncio.sleep(0.2)
         assert releases == 0
-        await asyncio.sleep(1.0)  # idle for longer than ARENA_IDLE_S
+        await asyncio.wait_for(done.wait(), 10)
+        assert loop.time() - last_asked >= 0.5  # not before the quiet spell was out
         assert releases == 1
         released = _anonymous_mb()
         assert grown - before > 40, (before, grown)

@@ -230,7 +230,8 @@ class PiperTts:
         self._release_timer = None
         quiet_for = loop.time() - self._used_at
         if quiet_for < ARENA_IDLE_S or not self._worker.idle:
-            wait = max(1.0, ARENA_IDLE_S - quiet_for)
+            # Used since: wait out the rest of the spell; still at work: a spell more.
+            wait = ARENA_IDLE_S - quiet_for if self._worker.idle else ARENA_IDLE_S
             self._release_timer = loop.call_later(wait, self._release_when_idle)
             return
         self._releasing = loop.create_task(self.release_memory())
