@@ -16,12 +16,14 @@ import pytest
 from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 
+from voice_agent.backends.stt import whisper_graph_cache as cache
 from voice_agent.backends.stt import whisper_onnx_graphs as graphs
 from voice_agent.backends.stt import whisper_weights
 from voice_agent.backends.stt.ct2_model_file import Ct2FormatError, read_variables
 from voice_agent.backends.stt.whisper import FasterWhisperStt
+from voice_agent.backends.stt.whisper_graph_cache import decoder_graphs
 from voice_agent.backends.stt.whisper_onnx_decoder import OnnxWhisperDecoder, TokenIds
-from voice_agent.backends.stt.whisper_onnx_graphs import decoder_graphs, quantize_blocks
+from voice_agent.backends.stt.whisper_onnx_graphs import quantize_blocks
 from voice_agent.testing.audio_data import librivox, reference, word_error_rate
 
 CLIPS = ["0880", "0930", "0890", "0920", "0870"]
@@ -177,12 +179,12 @@ def test_the_decoder_graphs_are_built_once_and_again_for_another_model(
 ) -> None:
     model_file = whisper_weights.resolve("base") / "model.bin"
     built = decoder_graphs(model_file, cache=tmp_path)
-    assert len(list((tmp_path / graphs.CACHE_FOLDER).glob("*.onnx"))) == 2
+    assert len(list((tmp_path / cache.CACHE_FOLDER).glob("*.onnx"))) == 2
 
     def never(*args: object) -> None:
         raise AssertionError("built again")
 
-    monkeypatch.setattr(graphs, "read_variables", never)  # from disk: no weights read
+    monkeypatch.setattr(cache, "read_variables", never)  # from disk: no weights read
     assert decoder_graphs(model_file, cache=tmp_path) == built
     monkeypatch.undo()
     monkeypatch.setattr(graphs, "build_step_graph", never)

@@ -5,6 +5,7 @@ turn longer than the 30 s window must still be heard whole."""
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 
 import ctranslate2
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from faster_whisper import WhisperModel
 
+from voice_agent.backends.stt import whisper_graph_cache as cache
 from voice_agent.backends.stt import whisper_onnx_graphs as graphs
 from voice_agent.backends.stt import whisper_weights
 from voice_agent.backends.stt.whisper import FasterWhisperStt
@@ -93,18 +95,33 @@ def test_the_encoder_graph_is_built_once_and_again_for_another_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model_file = whisper_weights.resolve("base") / "model.bin"
-    built = graphs.encoder_graph(model_file, cache=tmp_path)
-    made = [p.name.split("-")[0] for p in (tmp_path / graphs.CACHE_FOLDER).glob("*")]
+    built = cache.encoder_graph(model_file, cache=tmp_path)
+    made = [p.name.split("-")[0] for p in (tmp_path / cache.CACHE_FOLDER).glob("*")]
     assert made == ["encoder"]
 
     def never(*args: object) -> None:
         raise AssertionError("built again")
 
-    monkeypatch.setattr(graphs, "read_variables", never)  # from disk: no weights read
-    assert graphs.encoder_graph(model_file, cache=tmp_path) == built
+    monkeypatch.setattr(cache, "read_variables", never)  # from disk: no weights read
+    assert cache.encoder_graph(model_file, cache=tmp_path) == built
     monkeypatch.undo()
     monkeypatch.setattr(graphs, "build_encoder_graph", never)
     other = tmp_path / "other-model.bin"  # another model's file: not the same graph
     other.write_bytes(model_file.read_bytes() + b"\0")
     with pytest.raises(AssertionError, match="built again"):
-        graphs.encoder_graph(other, cache=tmp_path)
+        cache.encoder_graph(other, cache=tmp_path)
+
+
+def test_the_cache_keeps_the_newest_keys_graphs_only(tmp_path: Path) -> None:
+    folder = tmp_path / cache.CACHE_FOLDER
+    folder.mkdir()
+    keys = [f"{k:016x}" for k in range(5)]
+    for age, key in enumerate(reversed(keys)):  # keys[4] newest
+        for stem in ("step", "cross", "encoder"):
+            path = folder / f"{stem}-{key}.onnx"
+            path.write_bytes(b"graph")
+            os.utime(path, (1_000_000 - age * 100, 1_000_000 - age * 100))
+    cache._prune(folder)
+    left = {p.stem.split("-")[1] for p in folder.iterdir()}
+    assert left == set(keys[-cache.KEPT_KEYS :])
+    assert len(list(folder.iterdir())) == 3 * cache.KEPT_KEYS  # each key's set whole

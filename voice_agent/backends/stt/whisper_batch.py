@@ -42,6 +42,7 @@ from voice_agent.backends.capabilities import (
 )
 from voice_agent.backends.stt.whisper_onnx_decoder import Decoded, OnnxWhisperDecoder, TokenIds
 from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
+from voice_agent.backends.stt.whisper_weights import WeightsUnavailable
 
 FULL_WINDOW_FRAMES = 3000  # 30 s of 10 ms mel frames
 TRIM_PAD_FRAMES = 100  # 1 s of padding after the utterance
@@ -118,6 +119,19 @@ def long_pieces(samples: np.ndarray, rate: int = 16_000) -> list[np.ndarray]:
     return pieces
 
 
+def _tokenizer_file(path: Path) -> tokenizers.Tokenizer:
+    """The model's own tokenizer.json (CTranslate2's converter copies it with
+    ``--copy_files tokenizer.json``); faster-whisper would fetch one from
+    the Hugging Face hub, which a server here cannot reach."""
+    found = path / "tokenizer.json"
+    if not found.is_file():
+        raise WeightsUnavailable(
+            f"{path} has no tokenizer.json: convert the model with --copy_files "
+            "tokenizer.json, or run it with --stt-encoder ctranslate2"
+        )
+    return tokenizers.Tokenizer.from_file(str(found))
+
+
 class BatchTranscriber:
     """Transcribes batches of utterances with one tokenizer and prompt: on
     ONNX Runtime's encoder and decoder where given (``encoder``,
@@ -143,18 +157,18 @@ class BatchTranscriber:
         self.abandoned_while_decoding = 0
         self._language = language
         self._window = window
-        vocabulary = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        vocabulary = model.hf_tokenizer if model is not None else _tokenizer_file(path)
         self._tokenizer = Tokenizer(
             vocabulary,
             vocabulary.get_vocab_size() >= MULTILINGUAL_VOCABULARY,
             task="transcribe",
             language=self._language,
         )
-        self._features = (
-            model.feature_extractor
-            if model is not None
-            else FeatureExtractor(feature_size=encoder.mel_bins if encoder is not None else 80)
-        )
+        if model is not None:
+            self._features = model.feature_extractor
+        else:
+            assert encoder is not None
+            self._features = FeatureExtractor(feature_size=encoder.mel_bins)
         # Timestamps on: in a trimmed window Whisper otherwise tends to "read"
         # the utterance again into the padding; its segment timestamps let us
         # drop anything that starts after the audio ends.
@@ -205,7 +219,7 @@ class BatchTranscriber:
             samples = int16_to_float(utterance.audio)
             features = self._features(samples)
             if features.shape[1] > FULL_WINDOW_FRAMES:
-                results[i] = Transcription(self._transcribe_long(samples, lane), careful=True)
+                results[i] = self._transcribe_long(samples, lane, utterance)
             else:
                 short.append((i, features))
         for group in self._similar_lengths(short, batch):
@@ -360,15 +374,21 @@ class BatchTranscriber:
         # A restart cut away means the words that matter all came before it.
         return kept, last_time < duration_s - 0.1 and kept == text
 
-    def _transcribe_long(self, samples: np.ndarray, lane: WhisperModel | None) -> str:
+    def _transcribe_long(
+        self, samples: np.ndarray, lane: WhisperModel | None, utterance: Utterance
+    ) -> Transcription:
         model = lane or self._model
         if model is None:  # ONNX Runtime only: piece by piece in the trimmed window
-            texts = []
+            texts, truncated = [], False
             for piece in long_pieces(samples):
-                features = self._features(piece)
-                for _, result in self._generate([(0, features)], None, [Utterance(piece)]):
+                if utterance.abandoned:
+                    break  # nobody waits for the rest
+                group = [(0, self._features(piece))]
+                for _, result in self._generate(group, None, [utterance]):
                     texts.append(result.text)
-            return " ".join(text for text in texts if text)
+                    truncated = truncated or result.truncated
+            text = " ".join(text for text in texts if text)
+            return Transcription(text, truncated=truncated, careful=True)
         segments, _info = model.transcribe(
             samples,
             language=self._language,
@@ -377,4 +397,5 @@ class BatchTranscriber:
             without_timestamps=True,
             vad_filter=False,
         )
-        return " ".join(segment.text.strip() for segment in segments).strip()
+        text = " ".join(segment.text.strip() for segment in segments).strip()
+        return Transcription(text, careful=True)

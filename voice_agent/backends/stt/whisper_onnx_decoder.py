@@ -8,9 +8,10 @@ encoder. ONNX Runtime's ``MatMulNBits`` with 8-bit weights and int8 compute
 (``accuracy_level`` 4) runs the same decoder step in about 3.5 ms.
 
 The graphs are built from the float16 weights inside the packaged
-CTranslate2 model (whisper_onnx_graphs.py, which keeps them on disk once
-built): no second copy of the model ships. CTranslate2 still runs the
-encoder (fast there); this takes its output. The decoding reproduces
+CTranslate2 model (whisper_onnx_graphs.py; whisper_graph_cache.py keeps
+them on disk once built): no second copy of the model ships. It takes the
+encoder's output (whisper_onnx_encoder.py's, or CTranslate2's with
+``--stt-encoder ctranslate2``). The decoding reproduces
 CTranslate2's greedy search exactly (its suppressed tokens, blank
 suppression, timestamp rules, no-speech probability and length limit), so
 the transcript is the same wherever the two runtimes' int8 arithmetic
@@ -30,7 +31,7 @@ import numpy as np
 import onnxruntime
 
 from voice_agent.backends.runtime.onnx_options import quiet_session_options, session_from_bytes
-from voice_agent.backends.stt.whisper_onnx_graphs import decoder_graphs
+from voice_agent.backends.stt.whisper_graph_cache import decoder_graphs
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,13 @@ Why: CTranslate2 holds the whole model to run either half of it, and it
 widens the decoder's 26.5M-entry embedding table to float32 when it loads
 int8: Whisper base is 180 MB of CTranslate2's memory, though the decoder
 runs on ONNX Runtime (whisper_onnx_decoder.py). The encoder alone as an ONNX
-graph with int8 weights is about 22 MB, and no slower: measured on 2 cores
-(Intel Xeon), 9.7 / 12.8 / 22.2 / 42.2 ms for 1.5 / 3 / 5 / 8 s windows
-against CTranslate2's 12.3 / 15.1 / 29.1 / 49.2 ms.
+graph (int8 weights but for one float32 product a layer, see
+whisper_onnx_graphs.py) is ~46 MB resident; a transcript takes ~7 % longer
+than on CTranslate2 on 2 cores (Intel Xeon, bench/stt_runtimes.py), a few
+ms a turn.
 
 The graph is built from the packaged model's float16 weights and cached on
-disk (whisper_onnx_graphs.py).
+disk (whisper_onnx_graphs.py builds it, whisper_graph_cache.py keeps it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import onnxruntime
 
 from voice_agent.backends.runtime.onnx_options import quiet_session_options, session_from_bytes
-from voice_agent.backends.stt.whisper_onnx_graphs import encoder_graph
+from voice_agent.backends.stt.whisper_graph_cache import encoder_graph
 
 log = logging.getLogger(__name__)
 

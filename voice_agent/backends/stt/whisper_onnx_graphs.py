@@ -15,40 +15,24 @@ steps before passed back in); its weights are 8-bit blocks
 the encoder's output into each layer's cross-attention keys and values, once
 per transcript.
 
-Building the graphs (quantising every weight) takes about a second on 2
-cores, on every start; so the serialized graphs are cached, keyed by the
-model file's contents and this module's own source: a new model or a change
-to how graphs are built makes new files, and an old one is never reused. A
-cache that cannot be written (read-only, full) only means building them each
-time.
+Building them (quantising every weight) takes about a second on 2 cores:
+whisper_graph_cache.py keeps them on disk.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import logging
-import os
-import tempfile
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from voice_agent.backends.stt.ct2_model_file import read_variables
-from voice_agent.backends.stt.whisper_weights import cache_root
-
-log = logging.getLogger(__name__)
-
 BLOCK = 32  # weights quantised in blocks of 32 along the input dimension
 BITS = 8
 ZERO_POINT = 1 << (BITS - 1)  # MatMulNBits' default for an 8-bit weight
 INT8_COMPUTE = 4  # MatMulNBits accuracy_level: int8 activations (fast kernels)
 LAYER_NORM_EPSILON = 1e-5
-CACHE_FOLDER = "onnx-whisper"
 MICROSOFT_OPS = ("MatMulNBits", "DynamicQuantizeMatMul", "Gelu")
 
 
@@ -293,24 +277,6 @@ def build_cross_graph(weights: dict[str, np.ndarray], heads: int) -> onnx.ModelP
     return g.model("whisper_cross_attention", inputs, outputs)
 
 
-def _key(model_file: Path) -> str:
-    """The model file's contents (about 0.15 s for Whisper base) and this
-    module's source, which says how graphs are built from it. Hashed once
-    a process while the file stays as it is (the encoder's graph and the
-    decoder's ask in turn)."""
-    found = model_file.resolve().stat()
-    return _content_key(str(model_file.resolve()), found.st_size, found.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=8)
-def _content_key(path: str, size: int, modified_ns: int) -> str:
-    digest = hashlib.sha256(Path(__file__).read_bytes())
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 def build_encoder_graph(weights: dict[str, np.ndarray], heads: int) -> onnx.ModelProto:
     """Log-mel features [B, M, F] (F even, at most the 3000 frames the
     position table covers) -> the audio's states [B, F / 2, D]: two
@@ -357,74 +323,6 @@ def build_encoder_graph(weights: dict[str, np.ndarray], heads: int) -> onnx.Mode
     return g.model("whisper_encoder", inputs, outputs)
 
 
-def encoder_graph(model_file: Path, cache: Path | None = None) -> bytes:
-    """The serialized encoder graph of the CTranslate2 ``model_file``: from
-    the cache when built before, else built now (its weights read only
-    then) and cached."""
-
-    def build() -> list[onnx.ModelProto]:
-        weights = read_variables(model_file)
-        return [build_encoder_graph(weights, heads(weights, "encoder"))]
-
-    (encoder,) = _cached(model_file, ("encoder",), build, cache)
-    return encoder
-
-
-def decoder_graphs(model_file: Path, cache: Path | None = None) -> tuple[bytes, bytes]:
-    """The serialized step and cross graphs of the CTranslate2 ``model_file``,
-    as encoder_graph()."""
-
-    def build() -> list[onnx.ModelProto]:
-        weights = read_variables(model_file)
-        count = heads(weights, "decoder")
-        return [build_step_graph(weights, count), build_cross_graph(weights, count)]
-
-    step, cross = _cached(model_file, ("step", "cross"), build, cache)
-    return step, cross
-
-
 def heads(weights: dict[str, np.ndarray], half: str) -> int:
     """The attention heads of the model's ``encoder`` or ``decoder``."""
     return int(weights[f"{half}/num_heads"].reshape(-1)[0])
-
-
-def _cached(
-    model_file: Path,
-    stems: Sequence[str],
-    build: Callable[[], list[onnx.ModelProto]],
-    cache: Path | None,
-) -> list[bytes]:
-    folder = (cache or cache_root()) / CACHE_FOLDER
-    key = _key(model_file)
-    paths = [folder / f"{stem}-{key}.onnx" for stem in stems]
-    try:
-        return [path.read_bytes() for path in paths]
-    except OSError:
-        pass  # not built yet (or unreadable): build
-    graphs = [graph.SerializeToString() for graph in build()]
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        for path, graph in zip(paths, graphs, strict=True):
-            _write(path, graph)
-    except OSError as exc:
-        log.warning(
-            "onnx whisper graphs not cached: built on every start",
-            extra={"cache": str(folder), "error": str(exc)},
-        )
-    return graphs
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Under a temporary name, then renamed: a crash or a full disk never
-    leaves a partial file at ``path``."""
-    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(staging, 0o644)  # readable by the cache's other users
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
