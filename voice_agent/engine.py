@@ -209,7 +209,10 @@ class Engine:
         if self.llama is not None:
             self.llama.supervise()  # restarts from here on; a death before is fatal
         if isinstance(self.models.tts, ReleasesMemory):  # idle until the first call
-            await self.models.tts.release_memory()
+            try:
+                await self.models.tts.release_memory()
+            except Exception as exc:  # only memory kept: never a reason not to start
+                log.warning("tts memory not released", extra={"error": str(exc)})
         if s.malloc_trim:  # 130-170 MB of the model process at ready
             await give_back_free_heap()
         self._started = True

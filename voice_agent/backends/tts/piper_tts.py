@@ -218,8 +218,8 @@ class PiperTts:
         self._releasing: asyncio.Task[None] | None = None
 
     def _used(self) -> None:
-        """A synthesis is asked for: the arenas stay until none has been for
-        ARENA_IDLE_S."""
+        """A synthesis is asked for (or has ended): the arenas stay until
+        none has been for ARENA_IDLE_S."""
         loop = asyncio.get_running_loop()
         self._used_at = loop.time()
         if self._release_timer is None:
@@ -234,12 +234,18 @@ class PiperTts:
             wait = ARENA_IDLE_S - quiet_for if self._worker.idle else ARENA_IDLE_S
             self._release_timer = loop.call_later(wait, self._release_when_idle)
             return
-        self._releasing = loop.create_task(self.release_memory())
+        self._releasing = loop.create_task(self.release_memory(self._used_at))
         self._releasing.add_done_callback(_log_failure)
 
-    async def release_memory(self) -> None:
-        """Give the arenas back now: a job on the worker, after those waiting."""
-        await self._worker.run(self._release_blocking)
+    async def release_memory(self, unused_since: float | None = None) -> None:
+        """Give the arenas back now: a job on the worker, after those waiting;
+        skipped if a synthesis was asked for after ``unused_since``."""
+        await self._worker.run(self._release_unless_used, unused_since)
+
+    def _release_unless_used(self, unused_since: float | None) -> None:
+        # Read in the worker's thread: a reply that came meanwhile keeps them.
+        if unused_since is None or self._used_at == unused_since:
+            self._release_blocking()
 
     def _release_blocking(self) -> None:
         shrink = onnxruntime.RunOptions()
@@ -348,9 +354,12 @@ class PiperTts:
         if urgent and self._stream_first and chosen.halves is not None:
             async for audio in self._stream_windows(text, chosen):
                 yield audio
+            self._used()  # the quiet spell starts when the synthesis ends
             return
         # A later piece has the audio before it as slack: one job, one chunk.
-        yield await self._worker.run(self._synthesize_blocking, text, name, urgent=urgent)
+        audio = await self._worker.run(self._synthesize_blocking, text, name, urgent=urgent)
+        self._used()
+        yield audio
 
     def close(self) -> None:
         if self._release_timer is not None:
