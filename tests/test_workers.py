@@ -346,7 +346,20 @@ async def test_workers_started_ahead_leave_with_a_front_whose_models_fail(
         "--workers", "2", "--tts-voice", str(tmp_path / "no-such-voice.onnx"),
         env=env, own_process_group=True,
     )  # fmt: skip
+    workers_seen: set[int] = set()
+    for _ in range(200):  # a test's bounded look while the front loads Whisper
+        workers_seen |= {pid for pid in in_group(front.pid) if is_worker(pid)}
+        if len(workers_seen) == 2 or front.returncode is not None:
+            break
+        await asyncio.sleep(0.02)
+    assert len(workers_seen) == 2  # started before the voice was found missing
     async with asyncio.timeout(120):
         assert await front.wait() != 0
     assert not in_group(front.pid)  # the front waited for each worker it started
     assert not runtime_dirs(tmp_path)
+
+
+def is_worker(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b"voice_agent.server.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False

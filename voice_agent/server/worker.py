@@ -148,6 +148,9 @@ async def main_async() -> None:
 
 
 def main() -> None:
+    # Ctrl-C reaches the whole process group, this worker too, even while it
+    # waits for its configuration: the parent orders the shutdown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(main_async())
 
 

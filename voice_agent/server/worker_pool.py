@@ -211,14 +211,33 @@ class WorkerPool:
     async def _launch(self, worker: Worker) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(worker.socket)
-        process = worker.process
-        if not worker.waiting or process is None or process.returncode is not None:
-            process = await self._spawn_process()  # a restart, or one that died waiting
+        process = worker.process if worker.waiting else None
         worker.waiting = False
-        worker.process = process
-        assert process.stdin is not None and process.stdout is not None
-        process.stdin.write(self._config(worker).encode())
-        await process.stdin.drain()  # stdin stays open: its end tells the worker we are gone
+        if process is not None and process.returncode is not None:
+            log.warning(
+                "media worker exited before its configuration; starting another",
+                extra={"worker": worker.index, "exit_code": process.returncode},
+            )
+            process = None
+        for attempt in range(2):
+            if process is None:  # a restart, or one that died waiting
+                process = await self._spawn_process()
+            worker.process = process
+            assert process.stdin is not None
+            try:
+                process.stdin.write(self._config(worker).encode())
+                await process.stdin.drain()  # stays open: its end tells the worker we are gone
+                break
+            except (BrokenPipeError, ConnectionResetError):
+                if attempt:  # a fresh one that died at once: "did not start", below
+                    break
+                code = await process.wait()  # died waiting, not reaped yet: once more
+                log.warning(
+                    "media worker exited before its configuration; starting another",
+                    extra={"worker": worker.index, "exit_code": code},
+                )
+                process = None
+        assert process is not None and process.stdout is not None
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 line = await process.stdout.readline()
