@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 from pathlib import Path
 
 import ctranslate2
@@ -19,6 +20,7 @@ from voice_agent.backends.stt import whisper_weights
 from voice_agent.backends.stt.whisper import FasterWhisperStt
 from voice_agent.backends.stt.whisper_batch import LONG_PIECE_MIN_S, LONG_PIECE_S, long_pieces
 from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
+from voice_agent.backends.stt.whisper_weights import WeightsUnavailable
 from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate
 
 RATE = 16_000
@@ -125,3 +127,12 @@ def test_the_cache_keeps_the_newest_keys_graphs_only(tmp_path: Path) -> None:
     left = {p.stem.split("-")[1] for p in folder.iterdir()}
     assert left == set(keys[-cache.KEPT_KEYS :])
     assert len(list(folder.iterdir())) == 3 * cache.KEPT_KEYS  # each key's set whole
+
+
+@pytest.mark.models
+def test_a_model_folder_without_its_tokenizer_is_refused_with_the_fix(tmp_path: Path) -> None:
+    packaged = whisper_weights.resolve("base")
+    (tmp_path / "model.bin").symlink_to(packaged / "model.bin")
+    shutil.copyfile(packaged / "config.json", tmp_path / "config.json")
+    with pytest.raises(WeightsUnavailable, match=r"no tokenizer\.json: convert"):
+        FasterWhisperStt(str(tmp_path), "en", 2)
