@@ -72,18 +72,18 @@ def _cached(
         return [path.read_bytes() for path in paths]
     except OSError:
         pass  # not built yet (or unreadable): build
-    graphs = [graph.SerializeToString() for graph in build()]
+    serialized = [graph.SerializeToString() for graph in build()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for path, graph in zip(paths, graphs, strict=True):
-            _write(path, graph)
+        for path, data in zip(paths, serialized, strict=True):
+            _write(path, data)
         _prune(folder)
     except OSError as exc:
         log.warning(
             "onnx whisper graphs not cached: built on every start",
             extra={"cache": str(folder), "error": str(exc)},
         )
-    return graphs
+    return serialized
 
 
 def _prune(folder: Path) -> None:
@@ -118,8 +118,9 @@ def _key(model_file: Path) -> str:
     builder's source, which says how graphs are built from it. Hashed once
     a process while the file stays as it is (the encoder's graph and the
     decoder's ask in turn)."""
-    found = model_file.resolve().stat()
-    return _content_key(str(model_file.resolve()), found.st_size, found.st_mtime_ns)
+    resolved = model_file.resolve()
+    found = resolved.stat()
+    return _content_key(str(resolved), found.st_size, found.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=8)
