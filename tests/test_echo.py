@@ -10,6 +10,7 @@ the end, and the caller can still interrupt.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -157,15 +158,16 @@ async def caller_words(client: RealtimeClient, mark: int) -> str:
     assert committed, "no user turn"
     heard = []
     for item_id in committed:
-        done = client.wait_for(
-            lambda e, item_id=item_id: (
-                e["type"] == "conversation.item.input_audio_transcription.completed"
-                and e["item_id"] == item_id
-            ),
-            after=mark,
-        )
+        done = client.wait_for(functools.partial(is_transcript_of, item_id), after=mark)
         heard.append((await asyncio.wait_for(done, 20))["transcript"])
     return " ".join(heard)
+
+
+def is_transcript_of(item_id: str, event: dict[str, Any]) -> bool:
+    return bool(
+        event["type"] == "conversation.item.input_audio_transcription.completed"
+        and event["item_id"] == item_id
+    )
 
 
 @pytest.mark.parametrize("speakerphone", [True, False])
