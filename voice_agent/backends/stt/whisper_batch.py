@@ -31,9 +31,9 @@ import ctranslate2
 import numpy as np
 import tokenizers
 from faster_whisper import WhisperModel
-from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.tokenizer import Tokenizer
 
+from voice_agent.audio.log_mel import LogMel
 from voice_agent.audio.pcm import int16_to_float
 from voice_agent.backends.capabilities import (
     LOGPROB_THRESHOLD,
@@ -164,11 +164,11 @@ class BatchTranscriber:
             task="transcribe",
             language=self._language,
         )
-        if model is not None:
-            self._features = model.feature_extractor
+        if encoder is not None:
+            self._features = LogMel(encoder.mel_bins)
         else:
-            assert encoder is not None
-            self._features = FeatureExtractor(feature_size=encoder.mel_bins)
+            assert model is not None
+            self._features = LogMel(model.model.n_mels)
         # Timestamps on: in a trimmed window Whisper otherwise tends to "read"
         # the utterance again into the padding; its segment timestamps let us
         # drop anything that starts after the audio ends.

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime
-from faster_whisper.feature_extractor import FeatureExtractor
 
+from voice_agent.audio.log_mel import LogMel
 from voice_agent.backends.registry import BackendUnavailable
 from voice_agent.backends.runtime.batching import BatchingWorker
 from voice_agent.backends.runtime.onnx_options import quiet_session_options
@@ -79,7 +79,7 @@ class SmartTurnFeatures:
     whole window normalised to zero mean and unit variance."""
 
     def __init__(self) -> None:
-        self._extractor = FeatureExtractor(feature_size=80, chunk_length=WINDOW_S)
+        self._extractor = LogMel(80)
 
     def __call__(self, audio: np.ndarray) -> np.ndarray:
         samples = audio[-WINDOW_SAMPLES:]
