@@ -130,6 +130,27 @@ def test_the_cache_keeps_the_newest_keys_graphs_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.models
+def test_the_superseded_decoder_only_cache_is_removed(tmp_path: Path) -> None:
+    old = tmp_path / cache.SUPERSEDED_FOLDERS[0]
+    old.mkdir()
+    (old / "step-d584b1452b0a8819.onnx").write_bytes(b"graph")
+    (old / "cross-d584b1452b0a8819.onnx").write_bytes(b"graph")
+    kept = tmp_path / "onnx-whisper-decoder-mine"  # not ours: left alone
+    kept.mkdir()
+    (kept / "step-0.onnx").write_bytes(b"graph")
+    model_file = whisper_weights.resolve("base") / "model.bin"
+    cache.encoder_graph(model_file, cache=tmp_path)
+    assert not old.exists()
+    assert (kept / "step-0.onnx").exists()
+    # A folder holding something else keeps it, and the cache still works.
+    old.mkdir()
+    (old / "notes.txt").write_text("mine")
+    (old / "step-0.onnx").write_bytes(b"graph")
+    cache.encoder_graph(model_file, cache=tmp_path)
+    assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.models
 def test_a_model_folder_without_its_tokenizer_is_refused_with_the_fix(tmp_path: Path) -> None:
     packaged = whisper_weights.resolve("base")
     (tmp_path / "model.bin").symlink_to(packaged / "model.bin")

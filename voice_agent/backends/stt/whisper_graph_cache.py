@@ -31,6 +31,9 @@ CACHE_FOLDER = "onnx-whisper"
 # model's, the last build's); older ones (~104 MB a key for Whisper base)
 # are removed when a new set is written.
 KEPT_KEYS = 3
+# A folder that held the decoder's graphs alone (~57 MB for Whisper base):
+# nothing reads it, so its graphs are removed when this cache is used.
+SUPERSEDED_FOLDERS = ("onnx-whisper-decoder",)
 
 
 def encoder_graph(model_file: Path, cache: Path | None = None) -> bytes:
@@ -65,7 +68,9 @@ def _cached(
     build: Callable[[], list[onnx.ModelProto]],
     cache: Path | None,
 ) -> list[bytes]:
-    folder = (cache or cache_root()) / CACHE_FOLDER
+    root = cache or cache_root()
+    _remove_superseded(root)
+    folder = root / CACHE_FOLDER
     key = _key(model_file)
     paths = [folder / f"{stem}-{key}.onnx" for stem in stems]
     try:
@@ -95,6 +100,21 @@ def _prune(folder: Path) -> None:
     for key in sorted(newest, key=newest.__getitem__, reverse=True)[KEPT_KEYS:]:
         for path in folder.glob(f"*-{key}.onnx"):
             path.unlink(missing_ok=True)
+
+
+def _remove_superseded(root: Path) -> None:
+    """The graphs of SUPERSEDED_FOLDERS, and the folders once empty (a
+    file someone else put there stays, and so does its folder)."""
+    for name in SUPERSEDED_FOLDERS:
+        old = root / name
+        if not old.is_dir():
+            continue
+        try:
+            for path in old.glob("*.onnx"):
+                path.unlink(missing_ok=True)
+            old.rmdir()
+        except OSError as exc:  # not ours to remove, or not empty
+            log.debug("superseded graph cache left", extra={"cache": str(old), "error": str(exc)})
 
 
 def _write(path: Path, data: bytes) -> None:
