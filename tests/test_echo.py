@@ -38,9 +38,6 @@ from voice_agent.testing.scripted_llm import (
 pytestmark = pytest.mark.e2e
 
 RATE = 16_000
-# After the clip's trailing silence: the tests' fixed-silence rule (500 ms)
-# has ended its last turn, and that turn is committed.
-TURN_SETTLE_S = 1.5
 
 
 async def speakerphone_call(
@@ -147,25 +144,38 @@ STORY = (
 
 
 async def caller_words(client: RealtimeClient, mark: int) -> str:
-    """Every user turn's transcript from event ``mark`` on, in order. The
-    canceller's double-talk suppression can leave a gap in the caller's
-    first half second as long as the turn's silence, so one clip may come
-    as two turns (a fragment of the overlap, then the rest)."""
-    await asyncio.sleep(TURN_SETTLE_S)  # the last turn has ended
-    committed = [
-        e["item_id"] for e in client.events[mark:] if e["type"] == "input_audio_buffer.committed"
+    """Every user turn's transcript from event ``mark`` on, in order, once
+    the caller has stopped speaking (call it after the clip has been sent).
+    The canceller's double-talk suppression can leave a gap in the
+    caller's first half second as long as the turn's silence, so one clip
+    may come as two turns (a fragment of the overlap, then the rest)."""
+    started = [
+        e["item_id"]
+        for e in client.events[mark:]
+        if e["type"] == "input_audio_buffer.speech_started"
     ]
-    assert committed, "no user turn"
+    assert started, "no user turn"
     heard = []
-    for item_id in committed:
+    for item_id in started:
+        # Each speech that started stops (the turn's silence after the
+        # clip), and its words come as that item's transcript, or it was
+        # heard as no words (a fragment of the overlap may be).
         done = client.wait_for(functools.partial(is_transcript_of, item_id), after=mark)
-        heard.append((await asyncio.wait_for(done, 20))["transcript"])
-    return " ".join(heard)
+        try:
+            event = await asyncio.wait_for(done, 20)
+        except TimeoutError:
+            raise AssertionError(f"no transcript for the turn {item_id} in 20 s") from None
+        heard.append(event.get("transcript", ""))
+    return " ".join(text for text in heard if text)
 
 
 def is_transcript_of(item_id: str, event: dict[str, Any]) -> bool:
     return bool(
-        event["type"] == "conversation.item.input_audio_transcription.completed"
+        event["type"]
+        in (
+            "conversation.item.input_audio_transcription.completed",
+            "conversation.item.input_audio_transcription.failed",
+        )
         and event["item_id"] == item_id
     )
 

@@ -130,24 +130,37 @@ def test_the_cache_keeps_the_newest_keys_graphs_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.models
-def test_the_superseded_decoder_only_cache_is_removed(tmp_path: Path) -> None:
+def test_the_superseded_decoder_only_cache_goes_when_the_cache_is_used(tmp_path: Path) -> None:
     old = tmp_path / cache.SUPERSEDED_FOLDERS[0]
     old.mkdir()
     (old / "step-d584b1452b0a8819.onnx").write_bytes(b"graph")
     (old / "cross-d584b1452b0a8819.onnx").write_bytes(b"graph")
-    kept = tmp_path / "onnx-whisper-decoder-mine"  # not ours: left alone
-    kept.mkdir()
-    (kept / "step-0.onnx").write_bytes(b"graph")
-    model_file = whisper_weights.resolve("base") / "model.bin"
-    cache.encoder_graph(model_file, cache=tmp_path)
+    cache.encoder_graph(whisper_weights.resolve("base") / "model.bin", cache=tmp_path)
     assert not old.exists()
-    assert (kept / "step-0.onnx").exists()
-    # A folder holding something else keeps it, and the cache still works.
+
+
+def test_only_the_superseded_graphs_are_removed(tmp_path: Path) -> None:
+    old = tmp_path / cache.SUPERSEDED_FOLDERS[0]
     old.mkdir()
-    (old / "notes.txt").write_text("mine")
-    (old / "step-0.onnx").write_bytes(b"graph")
-    cache.encoder_graph(model_file, cache=tmp_path)
-    assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]
+    for name in ("step-0a.onnx", "cross-0a.onnx", "mine.onnx", "notes.txt"):
+        (old / name).write_bytes(b"x")
+    similar = tmp_path / f"{cache.SUPERSEDED_FOLDERS[0]}-mine"  # another folder: untouched
+    similar.mkdir()
+    (similar / "step-0a.onnx").write_bytes(b"graph")
+    cache._remove_superseded(tmp_path)
+    assert sorted(p.name for p in old.iterdir()) == ["mine.onnx", "notes.txt"]
+    assert (similar / "step-0a.onnx").exists()
+
+
+def test_a_superseded_folder_that_is_a_link_is_left_alone(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "step-0a.onnx").write_bytes(b"graph")
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / cache.SUPERSEDED_FOLDERS[0]).symlink_to(elsewhere, target_is_directory=True)
+    cache._remove_superseded(root)
+    assert (elsewhere / "step-0a.onnx").exists()
 
 
 @pytest.mark.models

@@ -52,7 +52,7 @@ def mel_filters(n_mels: int, rate: int = RATE, n_fft: int = N_FFT) -> np.ndarray
 
 
 class LogMel:
-    """Whisper's features of float samples in [-1, 1] at 16 kHz: a frame
+    """Whisper's features of samples at 16 kHz (floats, full scale 1.0): a frame
     every 10 ms (the clip's end padded with ``padding`` zeros first; the
     last frame, centred past the end, dropped), log10 power in ``n_mels``
     bands, floored 80 dB below the loudest and scaled to about [-1, 1]."""

@@ -31,8 +31,10 @@ CACHE_FOLDER = "onnx-whisper"
 # model's, the last build's); older ones (~104 MB a key for Whisper base)
 # are removed when a new set is written.
 KEPT_KEYS = 3
-# A folder that held the decoder's graphs alone (~57 MB for Whisper base):
-# nothing reads it, so its graphs are removed when this cache is used.
+# A folder that held the decoder's graphs alone (~57 MB for Whisper base),
+# which this cache replaces: its graphs are removed when this cache is used.
+# (A build that still uses that folder, sharing the cache, would rebuild
+# them at each of its starts.)
 SUPERSEDED_FOLDERS = ("onnx-whisper-decoder",)
 
 
@@ -103,15 +105,17 @@ def _prune(folder: Path) -> None:
 
 
 def _remove_superseded(root: Path) -> None:
-    """The graphs of SUPERSEDED_FOLDERS, and the folders once empty (a
-    file someone else put there stays, and so does its folder)."""
+    """The decoder graphs in SUPERSEDED_FOLDERS, and each folder once empty:
+    a file of another name stays, and so does its folder; a folder that is
+    a link to somewhere else is left alone."""
     for name in SUPERSEDED_FOLDERS:
         old = root / name
-        if not old.is_dir():
+        if old.is_symlink() or not old.is_dir():
             continue
         try:
-            for path in old.glob("*.onnx"):
-                path.unlink(missing_ok=True)
+            for stem in ("step", "cross"):
+                for path in old.glob(f"{stem}-*.onnx"):
+                    path.unlink(missing_ok=True)
             old.rmdir()
         except OSError as exc:  # not ours to remove, or not empty
             log.debug("superseded graph cache left", extra={"cache": str(old), "error": str(exc)})

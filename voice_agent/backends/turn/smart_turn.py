@@ -86,8 +86,8 @@ class SmartTurnFeatures:
         window = np.zeros(WINDOW_SAMPLES, dtype=np.float32)
         window[WINDOW_SAMPLES - len(samples) :] = samples.astype(np.float32) / 32768.0
         window = (window - window.mean()) / np.sqrt(window.var() + 1e-7)
-        features: np.ndarray = self._extractor(window, padding=0)
-        return features[:, : WINDOW_SAMPLES // 160].astype(np.float32)
+        features: np.ndarray = self._extractor(window, padding=0)  # 800 frames
+        return features
 
 
 class SmartTurn:
