@@ -208,36 +208,36 @@ class WorkerPool:
             stdout=asyncio.subprocess.PIPE,
         )
 
+    async def _configure(self, worker: Worker, process: asyncio.subprocess.Process) -> bool:
+        """Hand ``process`` the worker's configuration; False if it has
+        exited (its pipe closed) before taking it."""
+        worker.process = process
+        assert process.stdin is not None
+        if process.returncode is not None:
+            return False
+        try:
+            process.stdin.write(self._config(worker).encode())
+            await process.stdin.drain()  # stays open: its end tells the worker we are gone
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        return True
+
     async def _launch(self, worker: Worker) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(worker.socket)
         process = worker.process if worker.waiting else None
         worker.waiting = False
-        if process is not None and process.returncode is not None:
+        if process is not None and not await self._configure(worker, process):
             log.warning(
                 "media worker exited before its configuration; starting another",
-                extra={"worker": worker.index, "exit_code": process.returncode},
+                extra={"worker": worker.index, "exit_code": await process.wait()},
             )
             process = None
-        for attempt in range(2):
-            if process is None:  # a restart, or one that died waiting
-                process = await self._spawn_process()
-            worker.process = process
-            assert process.stdin is not None
-            try:
-                process.stdin.write(self._config(worker).encode())
-                await process.stdin.drain()  # stays open: its end tells the worker we are gone
-                break
-            except (BrokenPipeError, ConnectionResetError):
-                if attempt:  # a fresh one that died at once: "did not start", below
-                    break
-                code = await process.wait()  # died waiting, not reaped yet: once more
-                log.warning(
-                    "media worker exited before its configuration; starting another",
-                    extra={"worker": worker.index, "exit_code": code},
-                )
-                process = None
-        assert process is not None and process.stdout is not None
+        if process is None:  # a restart, or one that died waiting
+            process = await self._spawn_process()
+            # One that dies at once ends its output: "did not start", below.
+            await self._configure(worker, process)
+        assert process.stdout is not None
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 line = await process.stdout.readline()
