@@ -104,7 +104,7 @@ register(
         "Smart Turn v3.2: an audio end-of-turn model (default; ONNX, one thread, "
         "weights from the pipecat-ai wheel)",
         "voice_agent.backends.turn.smart_turn:create",
-        ("onnxruntime", "faster_whisper"),
+        ("onnxruntime",),
         "pip install --no-deps pipecat-ai==1.14.0 (make install does this)",
     )
 )

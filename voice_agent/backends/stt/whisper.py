@@ -14,10 +14,9 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import numpy as np
-from faster_whisper import WhisperModel
 
 from voice_agent.backends.capabilities import Transcription
 from voice_agent.backends.runtime.batching import BatchingWorker
@@ -26,6 +25,9 @@ from voice_agent.backends.stt.whisper_batch import BatchTranscriber, Utterance
 from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
 from voice_agent.config.stt import SttSettings
 from voice_agent.cpu import call_at_idle_priority, default_parallel
+
+if TYPE_CHECKING:  # imported only where a half runs on CTranslate2 (whisper_tokens.py: why)
+    from faster_whisper import WhisperModel
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,6 +73,8 @@ class FasterWhisperStt:
         # CTranslate2 holds the whole model even to run one half of it: it is
         # loaded only where a half runs on it.
         self._model: WhisperModel | None = None
+        if "ctranslate2" in (encoder, decoder) or partial_lane == "idle":
+            from faster_whisper import WhisperModel
         if "ctranslate2" in (encoder, decoder):
             # num_workers: CTranslate2 runs that many calls at once, one per
             # batch the worker lets run side by side (``parallel``).

@@ -25,13 +25,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import ctranslate2
 import numpy as np
 import tokenizers
-from faster_whisper import WhisperModel
-from faster_whisper.tokenizer import Tokenizer
 
 from voice_agent.audio.log_mel import LogMel
 from voice_agent.audio.pcm import int16_to_float
@@ -42,7 +39,12 @@ from voice_agent.backends.capabilities import (
 )
 from voice_agent.backends.stt.whisper_onnx_decoder import Decoded, OnnxWhisperDecoder, TokenIds
 from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
+from voice_agent.backends.stt.whisper_tokens import WhisperTokens
 from voice_agent.backends.stt.whisper_weights import WeightsUnavailable
+
+if TYPE_CHECKING:  # imported where a half runs on CTranslate2 (whisper_tokens.py: why)
+    import ctranslate2
+    from faster_whisper import WhisperModel
 
 FULL_WINDOW_FRAMES = 3000  # 30 s of 10 ms mel frames
 TRIM_PAD_FRAMES = 100  # 1 s of padding after the utterance
@@ -67,7 +69,6 @@ SILENCE_FLOOR = -1.5
 # quietest 100 ms after LONG_PIECE_MIN_S (a pause, where there is one).
 LONG_PIECE_S = 28.0
 LONG_PIECE_MIN_S = 18.0
-MULTILINGUAL_VOCABULARY = 51865  # CTranslate2's test for a multilingual Whisper
 
 
 def _bare(word: str) -> str:
@@ -158,12 +159,7 @@ class BatchTranscriber:
         self._language = language
         self._window = window
         vocabulary = model.hf_tokenizer if model is not None else _tokenizer_file(path)
-        self._tokenizer = Tokenizer(
-            vocabulary,
-            vocabulary.get_vocab_size() >= MULTILINGUAL_VOCABULARY,
-            task="transcribe",
-            language=self._language,
-        )
+        self._tokenizer = WhisperTokens(vocabulary, self._language)
         if encoder is not None:
             self._features = LogMel(encoder.mel_bins)
         else:
@@ -270,6 +266,8 @@ class BatchTranscriber:
             encoded = self._encoder.encode(padded)
         else:
             assert ct2 is not None
+            import ctranslate2  # loaded already: a half runs on it
+
             encoded = ct2.model.encode(
                 ctranslate2.StorageView.from_array(padded), to_cpu=onnx_decoder is not None
             )
@@ -294,6 +292,8 @@ class BatchTranscriber:
             results = decoded
         else:
             assert ct2 is not None
+            import ctranslate2
+
             if isinstance(encoded, np.ndarray):
                 encoded = ctranslate2.StorageView.from_array(encoded)
             generated = ct2.model.generate(

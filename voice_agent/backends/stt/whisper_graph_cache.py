@@ -5,7 +5,8 @@ serialized graphs are cached, keyed by the model file's contents and the
 builder's source: a new model or a change to how graphs are built makes new
 files, and an old one is never reused (the newest KEPT_KEYS keys stay). A
 cache that cannot be written (read-only, full) only means building them
-each time. A cached graph loads without the weights being read at all.
+each time. A cached graph loads without the weights being read, or the
+ONNX package (~10 MB of the process) being imported, at all.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import os
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
-
-from voice_agent.backends.stt import whisper_onnx_graphs as graphs
 from voice_agent.backends.stt.ct2_model_file import read_variables
 from voice_agent.backends.stt.whisper_weights import cache_root
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,9 @@ KEPT_KEYS = 3
 # (A build that still uses that folder, sharing the cache, would rebuild
 # them at each of its starts.)
 SUPERSEDED_FOLDERS = ("onnx-whisper-decoder",)
+# How the graphs are built, part of their key (read as a file: importing it
+# imports onnx).
+BUILDER = Path(__file__).with_name("whisper_onnx_graphs.py")
 
 
 def encoder_graph(model_file: Path, cache: Path | None = None) -> bytes:
@@ -44,6 +49,8 @@ def encoder_graph(model_file: Path, cache: Path | None = None) -> bytes:
     then) and cached."""
 
     def build() -> list[onnx.ModelProto]:
+        from voice_agent.backends.stt import whisper_onnx_graphs as graphs
+
         weights = read_variables(model_file)
         return [graphs.build_encoder_graph(weights, graphs.heads(weights, "encoder"))]
 
@@ -56,6 +63,8 @@ def decoder_graphs(model_file: Path, cache: Path | None = None) -> tuple[bytes, 
     as encoder_graph()."""
 
     def build() -> list[onnx.ModelProto]:
+        from voice_agent.backends.stt import whisper_onnx_graphs as graphs
+
         weights = read_variables(model_file)
         count = graphs.heads(weights, "decoder")
         return [graphs.build_step_graph(weights, count), graphs.build_cross_graph(weights, count)]
@@ -149,7 +158,7 @@ def _key(model_file: Path) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _content_key(path: str, size: int, modified_ns: int) -> str:
-    digest = hashlib.sha256(Path(graphs.__file__).read_bytes())
+    digest = hashlib.sha256(BUILDER.read_bytes())
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
