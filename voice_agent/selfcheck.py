@@ -7,7 +7,8 @@ data, BSD licence: voice_agent/data/COPYING.pocketsphinx); the VAD must find
 speech in it and none in silence; the LLM answers a short prompt; the TTS
 speaks a sentence. With the embedded LLM, the llama.cpp build's CPU
 features are compared with this CPU's first, since a build that does not fit
-dies on its first decode.
+dies on its first decode; and ONNX Runtime multiplies values chosen to
+saturate an 8-bit kernel, since Whisper and Smart Turn mishear where it does.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from voice_agent.backends.base import ChatMessage, synthesize
 from voice_agent.backends.capabilities import ClosesAsync
 from voice_agent.backends.llm.llama_exits import REBUILD
 from voice_agent.backends.llm.llama_server import LlamaServerError
+from voice_agent.backends.runtime.int8_probe import WIDTH, products_exact, saturating_product
 from voice_agent.backends.stt.whisper_weights import WeightsUnavailable
 from voice_agent.config import Settings
 
@@ -206,6 +208,18 @@ def check_llama_build(system_info: str | None) -> str:
     return f"built for {shown}; this CPU has them"
 
 
+def check_int8_products() -> str:
+    product = saturating_product()
+    if not products_exact(product):
+        raise CheckFailed(
+            f"8-bit products saturate on this CPU ({product:.1f} where {WIDTH} is exact): "
+            "Whisper and Smart Turn would mishear",
+            "install the onnxruntime of constraints.txt (session.x64quantprecision selects "
+            "the exact kernel)",
+        )
+    return f"exact ({product:.1f} of {WIDTH})"
+
+
 async def timed(row: Row, run: Callable[[], Awaitable[str]]) -> Row:
     started = time.perf_counter()
     try:
@@ -266,6 +280,11 @@ async def run_checks(settings: Settings) -> list[Row]:
             return check_llama_build(llm_check.system_info)
 
         rows.insert(0, await timed(Row("cpu", "llama.cpp build", "llama-server"), build))
+
+    async def products() -> str:
+        return check_int8_products()
+
+    rows.insert(0, await timed(Row("int8", "onnx runtime", "8-bit products"), products))
     return rows
 
 
