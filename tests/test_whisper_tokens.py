@@ -22,12 +22,12 @@ def _vocabulary(model: str) -> tokenizers.Tokenizer:
     return tokenizers.Tokenizer.from_file(str(whisper_weights.resolve(model) / "tokenizer.json"))
 
 
-@pytest.mark.parametrize("model", ["base", "tiny.en"])
-def test_the_ids_and_the_text_are_faster_whispers(model: str) -> None:
+@pytest.mark.parametrize(("model", "language"), [("base", "en"), ("base", "de"), ("tiny.en", "en")])
+def test_the_ids_and_the_text_are_faster_whispers(model: str, language: str) -> None:
     vocabulary = _vocabulary(model)
-    ours = WhisperTokens(vocabulary, "en")
+    ours = WhisperTokens(vocabulary, language)
     multilingual = model == "base"
-    theirs = Tokenizer(vocabulary, multilingual, task="transcribe", language="en")
+    theirs = Tokenizer(vocabulary, multilingual, task="transcribe", language=language)
     assert ours.multilingual is multilingual
     assert ours.sot_sequence == theirs.sot_sequence
     assert len(ours.sot_sequence) == (3 if multilingual else 1)
@@ -46,9 +46,11 @@ def test_the_ids_and_the_text_are_faster_whispers(model: str) -> None:
     assert ours.decode(generated) == theirs.decode(generated) == SAID
 
 
-def test_a_language_whisper_lacks_is_refused() -> None:
-    with pytest.raises(ValueError, match="no language 'xx'"):
-        WhisperTokens(_vocabulary("base"), "xx")
+@pytest.mark.parametrize("language", ["xx", "transcribe", "nospeech", "notimestamps", "0.00"])
+def test_a_language_whisper_lacks_is_refused(language: str) -> None:
+    # Special tokens are spelt as languages are: "<|transcribe|>" is one.
+    with pytest.raises(ValueError, match=f"no language '{language}'"):
+        WhisperTokens(_vocabulary("base"), language)
 
 
 def test_a_vocabulary_that_is_not_whispers_is_refused() -> None:

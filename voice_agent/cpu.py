@@ -25,6 +25,20 @@ log = logging.getLogger(__name__)
 CALLS_PER_CORE = 2.5
 
 
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux lists them (``avx2``,
+    ``avx512_vnni``, ...); empty where /proc/cpuinfo cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
 def available_cores() -> int:
     try:
         cores = len(os.sched_getaffinity(0))

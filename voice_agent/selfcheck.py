@@ -32,6 +32,7 @@ from voice_agent.backends.llm.llama_server import LlamaServerError
 from voice_agent.backends.runtime.int8_probe import WIDTH, products_exact, saturating_product
 from voice_agent.backends.stt.whisper_weights import WeightsUnavailable
 from voice_agent.config import Settings
+from voice_agent.cpu import cpu_flags
 
 PHRASE = Path(__file__).parent / "data" / "phrase-go-forward.raw"
 PHRASE_TEXT = "go forward ten meters"
@@ -179,20 +180,11 @@ def llama_build_features(system_info: str) -> set[str]:
     return {name for name, value in re.findall(r"(\w+) = (\d+)", system_info) if value != "0"}
 
 
-def host_cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    match = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    return set(match.group(1).split()) if match else set()
-
-
 def check_llama_build(system_info: str | None) -> str:
     if system_info is None:
         raise CheckSkipped("llama-server did not start (see the llm row)")
     built = {f for f in llama_build_features(system_info) if f in CPU_FLAGS}
-    host = host_cpu_flags()
+    host = cpu_flags()
     lacking = sorted(f for f in built if CPU_FLAGS[f] not in host)
     if lacking and host:
         raise CheckFailed(

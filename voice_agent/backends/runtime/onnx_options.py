@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import platform
+
 import onnxruntime
 
-# ONNX Runtime's switch to the non-saturating 8-bit kernels on x86 without
-# VNNI (kOrtSessionOptionsAvx2PrecisionMode).
+from voice_agent.cpu import cpu_flags
+
+# ONNX Runtime's switch to exact 8-bit products on x86
+# (kOrtSessionOptionsAvx2PrecisionMode): it stores signed weights as
+# unsigned and multiplies them on the unsigned-by-unsigned kernel.
 X64_QUANT_PRECISION = "session.x64quantprecision"
+# Flags whose kernels sum 8-bit products in 32 bits (VNNI, AMX): there the
+# signed-weight kernel is exact already, and the option would only move the
+# products off it onto the slower AVX2 one.
+EXACT_INT8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def saturating_int8(flags: frozenset[str], machine: str) -> bool:
+    """Whether ONNX Runtime's default 8-bit kernel saturates on this CPU:
+    x86 without VNNI or AMX (or flags unknown: the exact kernel is then the
+    safe choice)."""
+    if machine.lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return False
+    return not flags & EXACT_INT8_FLAGS
+
+
+SATURATING_INT8 = saturating_int8(cpu_flags(), platform.machine())
 
 
 def quiet_session_options(threads: int) -> onnxruntime.SessionOptions:
@@ -19,15 +40,15 @@ def quiet_session_options(threads: int) -> onnxruntime.SessionOptions:
       for every input shape it has seen, without a bound. Sentences and
       decoding steps are new shapes all the time. Turning it off is ONNX
       Runtime's advice for inputs whose shapes vary, and it is no slower here.
-    - Exact 8-bit products on x86 CPUs without VNNI (AVX2 alone, or AVX-512
-      without VNNI): there ONNX Runtime's fast kernel for unsigned
+    - Exact 8-bit products on x86 CPUs without VNNI or AMX (AVX2 alone, or
+      AVX-512 without VNNI): there ONNX Runtime's fast kernel for unsigned
       activations times signed weights adds pairs of products in 16 bits,
-      which saturate. Whisper's encoder states then came 0.09-0.10 off
-      (relative) instead of 0.03-0.05, its transcripts read a sentence
-      twice or put words into silence, and Smart Turn's verdicts moved by
-      up to 0.6. The precise kernel costs ~6 % of a judgement there; CPUs
-      with VNNI (or AMX) never took the saturating path, so it changes
-      nothing on them.
+      which saturate. Without the exact kernel Whisper's encoder states are
+      0.09-0.10 off CTranslate2's float ones (relative) instead of
+      0.03-0.05, a read sentence is transcribed twice, silence becomes
+      words, and Smart Turn's verdicts move by up to 0.9 (bench/RESULTS.md).
+      The exact kernel costs ~6 % of a Smart Turn judgement there. CPUs with
+      VNNI or AMX keep their own kernel, which is exact.
     """
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
@@ -35,7 +56,8 @@ def quiet_session_options(threads: int) -> onnxruntime.SessionOptions:
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.enable_mem_pattern = False
-    options.add_session_config_entry(X64_QUANT_PRECISION, "1")
+    if SATURATING_INT8:
+        options.add_session_config_entry(X64_QUANT_PRECISION, "1")
     return options
 
 

@@ -26,7 +26,7 @@ from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
 from voice_agent.config.stt import SttSettings
 from voice_agent.cpu import call_at_idle_priority, default_parallel
 
-if TYPE_CHECKING:  # imported only where a half runs on CTranslate2 (whisper_tokens.py: why)
+if TYPE_CHECKING:  # imported only for CTranslate2 halves or lanes (whisper_tokens.py: why)
     from faster_whisper import WhisperModel
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ builder's source: a new model or a change to how graphs are built makes new
 files, and an old one is never reused (the newest KEPT_KEYS keys stay). A
 cache that cannot be written (read-only, full) only means building them
 each time. A cached graph loads without the weights being read, or the
-ONNX package (~10 MB of the process) being imported, at all.
+onnx package imported, at all.
 """
 
 from __future__ import annotations

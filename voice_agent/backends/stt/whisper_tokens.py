@@ -4,10 +4,10 @@
 The STT process needs only this much of a tokenizer: the prompt that starts
 a transcript, the ids the decoder stops and timestamps on, and the text of
 the tokens it generated. faster-whisper's ``Tokenizer`` wraps the same
-``tokenizers`` object, but importing faster-whisper also loads CTranslate2,
-PyAV's codec libraries and the Hugging Face hub client (~40 MB of the
-process's memory and ~0.1 s of its start) where both halves of Whisper run
-on ONNX Runtime; so the service keeps its own few lines.
+``tokenizers`` object, but importing faster-whisper also loads CTranslate2
+(its 9 MB library, mapped in the models' process for nothing where both
+halves of Whisper run on ONNX Runtime), PyAV and the Hugging Face hub
+client; so the service keeps its own few lines.
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ class WhisperTokens:
         if self.multilingual:
             # A multilingual model is told the language and the task; an
             # English-only one has neither token in its prompt.
+            # The language tokens lie between <|startoftranscript|> and
+            # <|translate|>: any other special token would corrupt the prompt.
             language_id = vocabulary.token_to_id(f"<|{language}|>")
-            if language_id is None:
+            if language_id is None or not start < language_id < self._id("<|translate|>"):
                 raise ValueError(f"Whisper has no language {language!r}")
             self.sot_sequence = [start, language_id, self._id("<|transcribe|>")]
         else:
