@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from piper import PiperVoice
 from piper.config import PiperConfig
 
 from voice_agent.backends.base import synthesize
+from voice_agent.backends.tts import piper_split
 from voice_agent.backends.tts.piper_split import FIRST_WINDOW_FRAMES, split_voice, windows
 from voice_agent.backends.tts.piper_tts import (
     GAIN_RAMP,
@@ -214,3 +217,53 @@ async def test_a_piece_cut_off_while_it_streams_leaves_no_task_behind() -> None:
         assert waiting == []
     finally:
         tts.close()
+
+
+@pytest.mark.models
+def test_the_halves_are_cut_once_then_read_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = onnxruntime.SessionOptions()
+    cut = split_voice(default_voice_path(), options, 256, 1, cache=tmp_path)
+    assert cut is not None
+    cached = sorted(p.name.split("-")[0] for p in (tmp_path / piper_split.CACHE_FOLDER).iterdir())
+    assert cached == ["decoder", "encoder"]
+
+    def no_cutting(path: Path) -> list[bytes] | None:
+        raise AssertionError("the halves were cut again")
+
+    monkeypatch.setattr(piper_split, "_cut", no_cutting)
+    read = split_voice(default_voice_path(), options, 256, 1, cache=tmp_path)
+    assert read is not None and read.latent == cut.latent
+    latent = cut.encode([1, 20, 30, 40, 2], np.array([0.667, 1.0, 0.0], dtype=np.float32))
+    np.testing.assert_array_equal(read.decode(latent, 0, 8), cut.decode(latent, 0, 8))
+
+
+@pytest.mark.models
+def test_halves_that_cannot_be_loaded_leave_the_whole_voice(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    options = onnxruntime.SessionOptions()
+    assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is not None
+    for half in (tmp_path / piper_split.CACHE_FOLDER).iterdir():
+        half.write_bytes(b"not a graph")
+    assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is None
+    assert "cannot load the Piper voice's halves" in caplog.text
+
+
+@pytest.mark.models
+def test_a_start_with_the_halves_cached_leaves_onnx_unimported() -> None:
+    # Cutting the graph needs the onnx package; reading the cut does not.
+    code = (
+        "import sys\n"
+        "from voice_agent.backends.tts.piper_tts import PiperTts, default_voice_path\n"
+        "tts = PiperTts(default_voice_path(), 1.0, threads=1)\n"
+        "print('onnx' in sys.modules)\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        )
+        for _ in range(2)  # the first may cut and cache the halves
+    ]
+    assert runs[1].stdout.strip().splitlines()[-1] == "False", runs[1].stdout + runs[1].stderr

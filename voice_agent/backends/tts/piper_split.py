@@ -14,6 +14,12 @@ context, 5e-2 with 4).
 A voice without that node, a multi-speaker voice (its decoder is also
 conditioned on the speaker) or a machine without the ``onnx`` package keeps
 the whole graph: ``split_voice`` returns None and the piece is made at once.
+
+Cutting the graph takes the ``onnx`` package (imported for it alone) and
+~0.5-1.5 s of a start on 2 cores, and holds three copies of the voice's
+weights while it runs; so the halves are kept on disk
+(runtime/derived_cache.py), keyed by the voice file, this file's source and
+the onnx version, and a later start only reads them.
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 
+from voice_agent.backends.runtime.derived_cache import content_key, read_or_build
 from voice_agent.backends.runtime.onnx_options import session_from_bytes
+from voice_agent.backends.stt.whisper_weights import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +47,9 @@ CONTEXT_FRAMES = 12
 # The first window: about 280 ms of audio (256 samples a frame at 22.05 kHz),
 # which plays while the next, twice as long, is decoded.
 FIRST_WINDOW_FRAMES = 24
+CACHE_FOLDER = "piper-halves"
+# Halves of this many voice-and-code keys stay (~62 MB a key for "joe").
+KEPT_KEYS = 3
 
 
 @dataclass(frozen=True)
@@ -93,15 +105,45 @@ def windows(frames: int) -> Iterator[tuple[int, int]]:
 
 
 def split_voice(
-    path: Path, options: onnxruntime.SessionOptions, hop: int, speakers: int
+    path: Path,
+    options: onnxruntime.SessionOptions,
+    hop: int,
+    speakers: int,
+    cache: Path | None = None,
 ) -> VoiceHalves | None:
     """The voice's encoder and decoder as two sessions, or None (see above)."""
     if speakers > 1:
         return None
     try:
+        onnx_version = metadata.version("onnx")
+    except metadata.PackageNotFoundError:
+        log.info("onnx unavailable: each Piper piece is made at once", extra={"voice": str(path)})
+        return None
+    key = content_key(path, Path(__file__), extra=onnx_version)
+    folder = (cache or cache_root()) / CACHE_FOLDER
+    halves = read_or_build(folder, ("encoder", "decoder"), key, lambda: _cut(path), KEPT_KEYS)
+    if halves is None:
+        return None
+    try:
+        encoder, decoder = (session_from_bytes(half, options) for half in halves)
+    except Exception:  # a cached file ONNX Runtime cannot load: the whole graph serves
+        log.warning(
+            "cannot load the Piper voice's halves: each piece is made at once",
+            exc_info=True,
+            extra={"voice": str(path), "cache": str(folder)},
+        )
+        return None
+    # The tensor between them is the decoder's one input.
+    return VoiceHalves(encoder, decoder, decoder.get_inputs()[0].name, hop)
+
+
+def _cut(path: Path) -> list[bytes] | None:
+    """The voice's graph cut at the decoder's input: the encoder's and the
+    decoder's serialized graphs, or None where it cannot be cut."""
+    try:
         import onnx
         from onnx.utils import Extractor
-    except Exception as exc:  # not installed, or a protobuf it cannot work with
+    except Exception as exc:  # a protobuf it cannot work with
         log.info(
             "onnx unavailable: each Piper piece is made at once",
             extra={"voice": str(path), "error": repr(exc)},
@@ -120,12 +162,7 @@ def split_voice(
         extractor = Extractor(model)
         encoder = extractor.extract_model(list(ENCODER_INPUTS), [latent])
         decoder = extractor.extract_model([latent], [model.graph.output[0].name])
-        return VoiceHalves(
-            _session(encoder.SerializeToString(), options),
-            _session(decoder.SerializeToString(), options),
-            latent,
-            hop,
-        )
+        return [encoder.SerializeToString(), decoder.SerializeToString()]
     except Exception:  # another export's graph: the whole one still serves
         log.warning(
             "cannot split the Piper voice: each piece is made at once",
@@ -133,7 +170,3 @@ def split_voice(
             extra={"voice": str(path)},
         )
         return None
-
-
-def _session(model: bytes, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:
-    return session_from_bytes(model, options)
