@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
 
 import pytest
 
-from voice_agent.backends.runtime.derived_cache import content_key, read_or_build
+from voice_agent.backends.runtime.derived_cache import content_key, forget, read_or_build
 
 
 @pytest.fixture
@@ -35,6 +36,21 @@ def test_the_key_follows_the_model_the_code_and_the_extra(model: Path, builder: 
     changed = content_key(model, builder)
     model.write_bytes(b"other weights")
     assert content_key(model, builder) != changed
+
+
+def test_the_key_is_whispers_key_of_before(model: Path, builder: Path) -> None:
+    # Whisper's graphs already cached stay valid: the builder, then the model.
+    expected = hashlib.sha256(builder.read_bytes() + model.read_bytes()).hexdigest()[:16]
+    assert content_key(model, builder) == expected
+
+
+def test_forgotten_files_are_made_again(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    read_or_build(folder, ("a", "b"), "k1", lambda: [b"1", b"2"], kept=2)
+    read_or_build(folder, ("a", "b"), "k2", lambda: [b"3", b"4"], kept=2)
+    forget(folder, "k1")
+    assert sorted(p.name for p in folder.iterdir()) == ["a-k2.onnx", "b-k2.onnx"]
+    assert read_or_build(folder, ("a", "b"), "k1", lambda: [b"5", b"6"], kept=2) == [b"5", b"6"]
 
 
 def test_files_are_made_once_then_read(tmp_path: Path) -> None:

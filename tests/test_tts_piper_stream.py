@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -219,6 +220,10 @@ async def test_a_piece_cut_off_while_it_streams_leaves_no_task_behind() -> None:
         tts.close()
 
 
+def _cached_halves(cache: Path) -> Path:
+    return cache / piper_split.CACHE_FOLDER / default_voice_path().stem
+
+
 @pytest.mark.models
 def test_the_halves_are_cut_once_then_read_from_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -226,7 +231,10 @@ def test_the_halves_are_cut_once_then_read_from_the_cache(
     options = onnxruntime.SessionOptions()
     cut = split_voice(default_voice_path(), options, 256, 1, cache=tmp_path)
     assert cut is not None
-    cached = sorted(p.name.split("-")[0] for p in (tmp_path / piper_split.CACHE_FOLDER).iterdir())
+    voice = onnx.load(str(default_voice_path()))
+    (node,) = (n for n in voice.graph.node if n.name == piper_split.DECODER_INPUT_NODE)
+    assert cut.latent == node.input[0]
+    cached = sorted(p.name.split("-")[0] for p in _cached_halves(tmp_path).iterdir())
     assert cached == ["decoder", "encoder"]
 
     def no_cutting(path: Path) -> list[bytes] | None:
@@ -234,36 +242,55 @@ def test_the_halves_are_cut_once_then_read_from_the_cache(
 
     monkeypatch.setattr(piper_split, "_cut", no_cutting)
     read = split_voice(default_voice_path(), options, 256, 1, cache=tmp_path)
-    assert read is not None and read.latent == cut.latent
+    assert read is not None and read.latent == node.input[0]
     latent = cut.encode([1, 20, 30, 40, 2], np.array([0.667, 1.0, 0.0], dtype=np.float32))
     np.testing.assert_array_equal(read.decode(latent, 0, 8), cut.decode(latent, 0, 8))
 
 
 @pytest.mark.models
-def test_halves_that_cannot_be_loaded_leave_the_whole_voice(
+def test_a_half_missing_from_the_cache_is_cut_again(tmp_path: Path) -> None:
+    options = onnxruntime.SessionOptions()
+    assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is not None
+    (decoder,) = _cached_halves(tmp_path).glob("decoder-*.onnx")
+    decoder.unlink()
+    assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is not None
+    assert decoder.is_file()
+
+
+@pytest.mark.models
+def test_halves_that_cannot_be_loaded_leave_the_whole_voice_then_are_cut_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     options = onnxruntime.SessionOptions()
     assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is not None
-    for half in (tmp_path / piper_split.CACHE_FOLDER).iterdir():
+    for half in _cached_halves(tmp_path).iterdir():
         half.write_bytes(b"not a graph")
     assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is None
     assert "cannot load the Piper voice's halves" in caplog.text
+    assert not list(_cached_halves(tmp_path).iterdir())  # removed: the next start cuts again
+    assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is not None
 
 
 @pytest.mark.models
-def test_a_start_with_the_halves_cached_leaves_onnx_unimported() -> None:
+def test_a_start_with_the_halves_cached_leaves_onnx_unimported(tmp_path: Path) -> None:
     # Cutting the graph needs the onnx package; reading the cut does not.
     code = (
         "import sys\n"
         "from voice_agent.backends.tts.piper_tts import PiperTts, default_voice_path\n"
         "tts = PiperTts(default_voice_path(), 1.0, threads=1)\n"
-        "print('onnx' in sys.modules)\n"
+        "print(all(v.halves is not None for v in tts._voices.values()), 'onnx' in sys.modules)\n"
     )
+    env = {**os.environ, "VOICE_AGENT_CACHE": str(tmp_path)}
     runs = [
         subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+            env=env,
         )
-        for _ in range(2)  # the first may cut and cache the halves
+        for _ in range(2)  # the first cuts and caches the halves
     ]
-    assert runs[1].stdout.strip().splitlines()[-1] == "False", runs[1].stdout + runs[1].stderr
+    assert runs[0].stdout.strip().splitlines()[-1] == "True True", runs[0].stdout + runs[0].stderr
+    assert runs[1].stdout.strip().splitlines()[-1] == "True False", runs[1].stdout + runs[1].stderr

@@ -74,14 +74,23 @@ def read_or_build(
 
 
 def prune(folder: Path, kept: int) -> None:
-    """Remove the files of all but the ``kept`` newest keys."""
+    """Remove the files of all but the ``kept`` newest keys (a file another
+    process removed meanwhile is skipped)."""
     newest: dict[str, float] = {}
     for path in folder.glob("*-*.onnx"):
         key = path.stem.rsplit("-", 1)[1]
-        newest[key] = max(newest.get(key, 0.0), path.stat().st_mtime)
+        try:
+            newest[key] = max(newest.get(key, 0.0), path.stat().st_mtime)
+        except FileNotFoundError:
+            continue
     for key in sorted(newest, key=newest.__getitem__, reverse=True)[kept:]:
-        for path in folder.glob(f"*-{key}.onnx"):
-            path.unlink(missing_ok=True)
+        forget(folder, key)
+
+
+def forget(folder: Path, key: str) -> None:
+    """Remove every file of ``key``: the next start makes them again."""
+    for path in folder.glob(f"*-{key}.onnx"):
+        path.unlink(missing_ok=True)
 
 
 def write_atomically(path: Path, data: bytes) -> None:

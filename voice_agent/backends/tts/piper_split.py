@@ -16,10 +16,12 @@ conditioned on the speaker) or a machine without the ``onnx`` package keeps
 the whole graph: ``split_voice`` returns None and the piece is made at once.
 
 Cutting the graph takes the ``onnx`` package (imported for it alone) and
-~0.5-1.5 s of a start on 2 cores, and holds three copies of the voice's
-weights while it runs; so the halves are kept on disk
-(runtime/derived_cache.py), keyed by the voice file, this file's source and
-the onnx version, and a later start only reads them.
+holds three copies of the voice's weights while it runs (the TTS step of a
+start 0.23-0.28 s longer than reading the cut, bench/RESULTS.md); so the
+halves are kept on disk (runtime/derived_cache.py), a folder a voice, keyed
+by the voice file, this file's source and the onnx version, and a later
+start only reads them. Halves the runtime cannot load are removed, and cut
+again at the next start.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from voice_agent.backends.runtime.derived_cache import content_key, read_or_build
+from voice_agent.backends.runtime.derived_cache import content_key, forget, read_or_build
 from voice_agent.backends.runtime.onnx_options import session_from_bytes
 from voice_agent.backends.stt.whisper_weights import cache_root
 
@@ -47,9 +49,9 @@ CONTEXT_FRAMES = 12
 # The first window: about 280 ms of audio (256 samples a frame at 22.05 kHz),
 # which plays while the next, twice as long, is decoded.
 FIRST_WINDOW_FRAMES = 24
-CACHE_FOLDER = "piper-halves"
-# Halves of this many voice-and-code keys stay (~62 MB a key for "joe").
-KEPT_KEYS = 3
+CACHE_FOLDER = "piper-halves"  # a folder a voice in it
+# Halves of this many keys of one voice stay (63 MB a key for "joe").
+KEPT_KEYS = 2
 
 
 @dataclass(frozen=True)
@@ -119,22 +121,31 @@ def split_voice(
     except metadata.PackageNotFoundError:
         log.info("onnx unavailable: each Piper piece is made at once", extra={"voice": str(path)})
         return None
-    key = content_key(path, Path(__file__), extra=onnx_version)
-    folder = (cache or cache_root()) / CACHE_FOLDER
-    halves = read_or_build(folder, ("encoder", "decoder"), key, lambda: _cut(path), KEPT_KEYS)
+    try:
+        key = content_key(path, Path(__file__), extra=onnx_version)
+        folder: Path | None = (cache or cache_root()) / CACHE_FOLDER / path.stem
+    except (OSError, RuntimeError) as exc:  # no source file, no home: cut without a cache
+        log.info("piper halves not cached", extra={"voice": str(path), "error": repr(exc)})
+        key, folder = "", None
+    if folder is None:
+        halves = _cut(path)
+    else:
+        halves = read_or_build(folder, ("encoder", "decoder"), key, lambda: _cut(path), KEPT_KEYS)
     if halves is None:
         return None
     try:
         encoder, decoder = (session_from_bytes(half, options) for half in halves)
+        (latent,) = decoder.get_inputs()  # the tensor between them
     except Exception:  # a cached file ONNX Runtime cannot load: the whole graph serves
         log.warning(
             "cannot load the Piper voice's halves: each piece is made at once",
             exc_info=True,
             extra={"voice": str(path), "cache": str(folder)},
         )
+        if folder is not None:
+            forget(folder, key)  # cut again at the next start
         return None
-    # The tensor between them is the decoder's one input.
-    return VoiceHalves(encoder, decoder, decoder.get_inputs()[0].name, hop)
+    return VoiceHalves(encoder, decoder, latent.name, hop)
 
 
 def _cut(path: Path) -> list[bytes] | None:
