@@ -30,16 +30,16 @@ class WhisperTokens:
         # Timestamps follow <|notimestamps|> in every Whisper vocabulary.
         self.timestamp_begin = self.no_timestamps + 1
         # Renamed between the original models and the later ones.
-        speechless = vocabulary.token_to_id("<|nospeech|>")
+        speechless: int | None = vocabulary.token_to_id("<|nospeech|>")
         self.no_speech = speechless if speechless is not None else self._id("<|nocaptions|>")
         start = self._id("<|startoftranscript|>")
-        self.multilingual = vocabulary.get_vocab_size() >= MULTILINGUAL_VOCABULARY
+        self.multilingual = bool(vocabulary.get_vocab_size() >= MULTILINGUAL_VOCABULARY)
         if self.multilingual:
             # A multilingual model is told the language and the task; an
             # English-only one has neither token in its prompt.
             # The language tokens lie between <|startoftranscript|> and
             # <|translate|>: any other special token would corrupt the prompt.
-            language_id = vocabulary.token_to_id(f"<|{language}|>")
+            language_id: int | None = vocabulary.token_to_id(f"<|{language}|>")
             if language_id is None or not start < language_id < self._id("<|translate|>"):
                 raise ValueError(f"Whisper has no language {language!r}")
             self.sot_sequence = [start, language_id, self._id("<|transcribe|>")]
@@ -47,7 +47,8 @@ class WhisperTokens:
             self.sot_sequence = [start]
 
     def _id(self, token: str) -> int:
-        found = self._vocabulary.token_to_id(token)
+        # Typed here: some tokenizers releases ship no type information.
+        found: int | None = self._vocabulary.token_to_id(token)
         if found is None:
             raise ValueError(f"not a Whisper vocabulary: it has no {token}")
         return found
