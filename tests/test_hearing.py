@@ -188,6 +188,9 @@ async def test_a_distrusted_speculation_is_decoded_again_by_the_final(engine: En
     early = await hearing.speculate(audio, SPEECH_MS)
     assert early is not None and not early.settled and early.distrusted == "repetition"
     assert not stats.redecoded  # a speculation never pays for the safe decode
+    # Never answered from, but read at the pause (a dangling last word keeps
+    # the turn open): the loop is cut where it starts again.
+    assert early.text.lower().startswith("please try") and not has_loop(early.text), early
     heard = await hearing.final(audio, SPEECH_MS, early)
     assert heard.settled and stats.redecoded == {"repetition": 1}
     settled = await hearing.speculate(librivox("0930"), SPEECH_MS)

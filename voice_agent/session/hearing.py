@@ -90,7 +90,12 @@ class Hearing:
             return None
         reason = distrust(transcription, voiced_ms)
         if reason is not None and self._can_redecode(transcription):
-            return Heard(transcription.text, settled=False, distrusted=reason)
+            # Not answered from, but read at the pause: a loop is cut where
+            # it starts again, so "... to be, please enter the number to be"
+            # still ends where the caller stopped.
+            text = transcription.text.strip()
+            text = without_loop(text) if has_loop(text) else text
+            return Heard(text, settled=False, distrusted=reason)
         return self._settle(transcription, reason, voiced_ms)
 
     async def final(self, audio: np.ndarray, voiced_ms: int, early: Heard | None) -> Heard:
