@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from pathlib import Path
 
 import pytest
 
+from tests.logged import Logged
+from voice_agent.backends.runtime import derived_cache
 from voice_agent.backends.runtime.derived_cache import content_key, forget, read_or_build
 
 
@@ -83,12 +84,10 @@ def test_only_the_newest_keys_stay(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["half-kept.onnx", "half-last.onnx"]
 
 
-def test_a_cache_that_cannot_be_written_only_costs_time(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_a_cache_that_cannot_be_written_only_costs_time(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("a file where the folder would go")
-    with caplog.at_level(logging.WARNING):
+    with Logged(derived_cache.__name__) as logged:
         built = read_or_build(blocked / "cache", ("half",), "k1", lambda: [b"x"], kept=2)
     assert built == [b"x"]
-    assert "made on every start" in caplog.text
+    assert any("made on every start" in r.getMessage() for r in logged.records)

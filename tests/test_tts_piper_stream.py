@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 from piper import PiperVoice
 from piper.config import PiperConfig
 
+from tests.logged import Logged
 from voice_agent.backends.base import synthesize
 from voice_agent.backends.tts import piper_split
 from voice_agent.backends.tts.piper_split import FIRST_WINDOW_FRAMES, split_voice, windows
@@ -258,15 +259,16 @@ def test_a_half_missing_from_the_cache_is_cut_again(tmp_path: Path) -> None:
 
 
 @pytest.mark.models
-def test_halves_that_cannot_be_loaded_leave_the_whole_voice_then_are_cut_again(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+async def test_halves_that_cannot_be_loaded_leave_the_whole_voice_then_are_cut_again(
+    tmp_path: Path,
 ) -> None:
     options = onnxruntime.SessionOptions()
     assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is not None
     for half in _cached_halves(tmp_path).iterdir():
         half.write_bytes(b"not a graph")
-    assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is None
-    assert "cannot load the Piper voice's halves" in caplog.text
+    with Logged(piper_split.__name__) as logged:
+        assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is None
+    assert any("cannot load the Piper voice's halves" in r.getMessage() for r in logged.records)
     assert not list(_cached_halves(tmp_path).iterdir())  # removed: the next start cuts again
     assert split_voice(default_voice_path(), options, 256, 1, cache=tmp_path) is not None
 
