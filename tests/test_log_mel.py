@@ -4,13 +4,11 @@ modules free of faster-whisper."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from faster_whisper.feature_extractor import FeatureExtractor
 
+from tests.imports import left_imported
 from voice_agent.audio.log_mel import LogMel, hz_to_mel, mel_filters, mel_to_hz
 from voice_agent.testing.audio_data import librivox
 
@@ -59,16 +57,11 @@ def test_a_media_workers_modules_leave_faster_whisper_out() -> None:
     # transcribes: faster-whisper would bring CTranslate2, tokenizers and
     # the hub client into every worker.
     code = (
-        "import sys\n"
         "import voice_agent.server.worker, voice_agent.backends.turn.smart_turn\n"
         "import voice_agent.backends.vad.webrtc\n"
-        "heavy = ('faster_whisper', 'ctranslate2', 'tokenizers', 'huggingface_hub')\n"
-        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
-    imported = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert imported.stdout.strip() == "[]", imported.stdout + imported.stderr
+    heavy = ("faster_whisper", "ctranslate2", "tokenizers", "huggingface_hub")
+    assert left_imported(code, heavy, timeout_s=60) == []
 
 
 def test_a_clip_too_short_to_mirror_is_refused_as_whispers_is() -> None:

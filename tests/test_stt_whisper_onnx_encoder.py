@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from faster_whisper import WhisperModel
 
+from voice_agent.backends.runtime.derived_cache import prune
 from voice_agent.backends.stt import whisper_graph_cache as cache
 from voice_agent.backends.stt import whisper_onnx_graphs as graphs
 from voice_agent.backends.stt import whisper_weights
@@ -123,7 +124,7 @@ def test_the_cache_keeps_the_newest_keys_graphs_only(tmp_path: Path) -> None:
             path = folder / f"{stem}-{key}.onnx"
             path.write_bytes(b"graph")
             os.utime(path, (1_000_000 - age * 100, 1_000_000 - age * 100))
-    cache._prune(folder)
+    prune(folder, cache.KEPT_KEYS)
     left = {p.stem.split("-")[1] for p in folder.iterdir()}
     assert left == set(keys[-cache.KEPT_KEYS :])
     assert len(list(folder.iterdir())) == 3 * cache.KEPT_KEYS  # each key's set whole

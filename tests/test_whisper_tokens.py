@@ -5,13 +5,11 @@ CTranslate2."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import tokenizers
 from faster_whisper.tokenizer import Tokenizer
 
+from tests.imports import left_imported
 from voice_agent.backends.stt import whisper_weights
 from voice_agent.backends.stt.whisper_tokens import WhisperTokens
 
@@ -64,16 +62,10 @@ def test_the_default_stt_loads_without_ctranslate2_or_faster_whisper() -> None:
     # Both halves on ONNX Runtime: faster-whisper would bring CTranslate2,
     # PyAV's codec libraries and the hub client into the models' process.
     code = (
-        "import sys\n"
         "from voice_agent.backends import registry\n"
         "from voice_agent.config.settings import load_settings\n"
         "settings = load_settings({})\n"
         "stt = registry.create('stt', settings.stt, settings)\n"
-        "heavy = ('faster_whisper', 'ctranslate2', 'av', 'huggingface_hub')\n"
-        "print(sorted(m for m in heavy if m in sys.modules))\n"
-        "stt.close()\n"
     )
-    imported = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert imported.stdout.strip().splitlines()[-1] == "[]", imported.stdout + imported.stderr
+    heavy = ("faster_whisper", "ctranslate2", "av", "huggingface_hub")
+    assert left_imported(code, heavy) == []

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from voice_agent.backends.runtime.derived_cache import content_key, prune, read_or_build
+from voice_agent.backends.runtime.derived_cache import content_key, read_or_build
 from voice_agent.backends.stt.ct2_model_file import read_variables
 from voice_agent.backends.stt.whisper_weights import cache_root
 
@@ -84,11 +84,6 @@ def _cached(
     graphs = read_or_build(root / CACHE_FOLDER, stems, key, serialized, KEPT_KEYS)
     assert graphs is not None  # the builder always gives graphs
     return graphs
-
-
-def _prune(folder: Path) -> None:
-    """Remove the graphs of all but the KEPT_KEYS newest keys."""
-    prune(folder, KEPT_KEYS)
 
 
 def _remove_superseded(root: Path) -> None:
