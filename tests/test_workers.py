@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,12 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import test_settings
+from voice_agent.backends.llm.http_client import HttpLlmConfig
 from voice_agent.client import RealtimeClient
+from voice_agent.engine import SharedModelLinks
+from voice_agent.server.worker import WorkerConfig, WorkerLinks
+from voice_agent.server.worker_pool import same_code_interpreter
 from voice_agent.testing.audio_data import heard_as_its_own, librivox, silence
 from voice_agent.testing.serving import start_server, wait_ready
 
@@ -363,3 +371,84 @@ def is_worker(pid: int) -> bool:
     with contextlib.suppress(OSError):
         return b"voice_agent.server.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     return False
+
+
+async def start_worker(
+    tmp_path: Path,
+) -> tuple[asyncio.subprocess.Process, WorkerConfig]:
+    """A media worker process as the front starts one, sent its first line
+    (who it is, the settings) and not yet its links."""
+    interpreter, env = same_code_interpreter()
+    worker = await asyncio.create_subprocess_exec(
+        *interpreter, "-m", "voice_agent.server.worker",
+        env=env, stdin=PIPE, stdout=PIPE, stderr=PIPE,
+    )  # fmt: skip
+    settings = test_settings(log_format="json", turn_detection="semantic")
+    config = WorkerConfig(0, str(tmp_path / "worker-0.sock"), settings.model_dump(mode="json"))
+    assert worker.stdin is not None
+    worker.stdin.write((json.dumps(asdict(config)) + "\n").encode())
+    await worker.stdin.drain()
+    return worker, config
+
+
+def listening(socket: str) -> bool:
+    """Whether the worker made its socket (it does once it has its links)."""
+    return os.path.exists(socket)
+
+
+async def logged(worker: asyncio.subprocess.Process, message: str) -> dict[str, Any]:
+    """The worker's first log record with this message (JSON on stderr)."""
+    assert worker.stderr is not None
+    async with asyncio.timeout(120):
+        while line := await worker.stderr.readline():
+            with contextlib.suppress(ValueError):
+                record: dict[str, Any] = json.loads(line)
+                if record.get("msg") == message:
+                    return record
+    raise AssertionError(f"the worker ended without logging {message!r}")
+
+
+async def test_a_worker_loads_its_own_models_before_its_links_come(tmp_path: Path) -> None:
+    # Its VAD and end-of-turn model load while the front loads STT, TTS and
+    # the LLM: on the first line alone, with the links still to come.
+    worker, config = await start_worker(tmp_path)
+    try:
+        loaded = await logged(worker, "turn model loaded")
+        assert loaded["worker"] == 0
+        assert not listening(config.socket)  # not listening without its links
+        links = SharedModelLinks(
+            speech_socket=str(tmp_path / "speech.sock"),  # asked only when a call speaks
+            llm=asdict(HttpLlmConfig(base_url="http://127.0.0.1:9/v1", api_key=None, model="m")),
+            tts_sample_rate=22_050,
+            partial_interval_ms=0,
+            prefill=False,
+            model_name="m",
+            voice_name="v",
+        )
+        assert worker.stdin is not None and worker.stdout is not None
+        worker.stdin.write((json.dumps(asdict(WorkerLinks(asdict(links), 3))) + "\n").encode())
+        async with asyncio.timeout(60):
+            assert await worker.stdout.readline() == b"ready\n"
+        assert listening(config.socket)
+        worker.stdin.close()  # the parent gone: the worker closes and leaves
+        async with asyncio.timeout(30):
+            assert await worker.wait() == 0
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+
+
+async def test_a_worker_whose_parent_leaves_while_it_loads_exits_cleanly(tmp_path: Path) -> None:
+    worker, config = await start_worker(tmp_path)
+    try:
+        await logged(worker, "blas threads capped")  # its models are loading now
+        assert worker.stdin is not None
+        worker.stdin.close()
+        async with asyncio.timeout(60):
+            assert await worker.wait() == 0
+        assert not listening(config.socket)
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -88,6 +89,64 @@ class SharedModelLinks:
     words_url: str | None = None  # the embedded LLM, for the end-of-turn words judge
 
 
+@dataclass(frozen=True)
+class LocalModels:
+    """The models each process that holds calls loads for itself, small and
+    per frame or per pause: the VAD and the end-of-turn model (None in the
+    models' process behind media workers, which holds no calls)."""
+
+    vad: VadBackend
+    turn: TurnBackend | None
+
+
+def prepare_process(s: Settings) -> None:
+    """What must precede any model load in this process: the inference
+    niceness its model threads inherit, and the BLAS thread cap."""
+    set_inference_nice(s.inference_nice)
+    capped = limit_blas_threads(s.blas_threads)
+    if capped:
+        log.info("blas threads capped", extra={"threads": s.blas_threads, "libraries": capped})
+
+
+async def load_local_models(s: Settings, hosts_sessions: bool, warm: bool) -> LocalModels:
+    """The VAD and, where calls are held, the end-of-turn model, loaded off
+    the event loop (and /healthz stays responsive); ``warm``: the turn model
+    run once, so the first caller's pause does not pay its lazy set-up."""
+    vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
+    # Small (9 MB, ~50 ms a judgement): each process that holds calls has
+    # its own, shared by its sessions, as with the VAD.
+    turn: TurnBackend | None = None
+    if hosts_sessions:
+        turn = await asyncio.to_thread(registry.create, "turn", s.turn_backend, s)
+        if warm and s.preload and isinstance(turn, WarmsUp):
+            await turn.warm_up()
+    return LocalModels(vad, turn)
+
+
+async def close_models(*models: SttBackend | TtsBackend) -> None:
+    for model in models:
+        if isinstance(model, ClosesAsync):
+            await model.aclose()
+        else:
+            model.close()
+
+
+async def load_speech_models(s: Settings) -> tuple[SttBackend, TtsBackend]:
+    """The STT and the TTS, loaded side by side (each is mostly ONNX
+    Runtime's graph set-up, in C++), in niced threads: the compute threads
+    a model creates inherit it. One that fails closes the other."""
+    loads = await asyncio.gather(
+        run_in_inference_thread(registry.create, "stt", s.stt, s),
+        run_in_inference_thread(registry.create, "tts", s.tts, s),
+        return_exceptions=True,
+    )
+    stt, tts = loads
+    if isinstance(stt, BaseException) or isinstance(tts, BaseException):
+        await close_models(*(m for m in loads if not isinstance(m, BaseException)))
+        raise stt if isinstance(stt, BaseException) else tts
+    return stt, tts
+
+
 class Engine:
     def __init__(
         self,
@@ -161,38 +220,44 @@ class Engine:
             return self.remote_llm.health()
         return None
 
-    async def start(self) -> None:
+    async def start(self, local: LocalModels | None = None) -> None:
+        """Load (or take ``local``, loaded ahead) this process's models and,
+        in the models' process, start the LLM; ready when it returns."""
         s = self.settings
         started = time.perf_counter()
         if s.tools is not None:
             self.tools = ToolRegistry.from_module(s.tools, s.tool_timeout_s)
             log.info("tools loaded", extra={"tools": [t.name for t in self.tools.specs]})
-        set_inference_nice(s.inference_nice)
-        capped = limit_blas_threads(s.blas_threads)
-        if capped:
-            log.info("blas threads capped", extra={"threads": s.blas_threads, "libraries": capped})
-        # Loading is blocking work: keep the event loop (and /healthz) responsive.
-        vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
-        # Small (9 MB, ~50 ms a judgement): each process that holds calls has
-        # its own, shared by its sessions, as with the VAD.
-        turn: TurnBackend | None = None
-        if self.hosts_sessions:
-            turn = await asyncio.to_thread(registry.create, "turn", s.turn_backend, s)
+        if local is None:
+            prepare_process(s)
+            local = await load_local_models(s, self.hosts_sessions, warm=self.links is not None)
+        vad, turn = local.vad, local.turn
         if self.links is not None:
             assert turn is not None
             words = await words_judge(self.links.words_url)
             self.models = self._linked_models(vad, turn, words, self.links)
-            if s.preload and isinstance(turn, WarmsUp):
-                await turn.warm_up()
             if s.malloc_trim:  # what loading read, joined and built, then freed
                 await give_back_free_heap()
             self._started = True
             log.info("worker engine ready", extra={"speech": self.links.speech_socket})
             return
-        # In niced threads: the compute threads a model creates inherit it.
-        stt: SttBackend = await run_in_inference_thread(registry.create, "stt", s.stt, s)
-        tts: TtsBackend = await run_in_inference_thread(registry.create, "tts", s.tts, s)
-        llm = await self.start_llm()
+        # llama-server loads its weights in a process of its own: started
+        # first, it comes up while the STT and TTS load here, not after them.
+        starting_llm = asyncio.ensure_future(self.start_llm())
+        try:
+            stt, tts = await load_speech_models(s)
+        except BaseException:
+            # A server started meanwhile is stopped by stop() (self.llama);
+            # one still starting stops itself when cancelled.
+            starting_llm.cancel()
+            with contextlib.suppress(BaseException):
+                await starting_llm
+            raise
+        try:
+            llm = await starting_llm
+        except BaseException:
+            await close_models(stt, tts)
+            raise
         words = await words_judge(self._words_url() if turn is not None else None)
         self.models = Models(vad=vad, stt=stt, tts=tts, llm=llm, turn=turn, words=words)
         if s.preload:
@@ -375,14 +440,7 @@ class Engine:
                 self.models.turn.close()
             if self.models.words is not None:
                 await self.models.words.close()
-            if isinstance(self.models.stt, ClosesAsync):
-                await self.models.stt.aclose()
-            else:
-                self.models.stt.close()
-            if isinstance(self.models.tts, ClosesAsync):
-                await self.models.tts.aclose()
-            else:
-                self.models.tts.close()
+            await close_models(self.models.stt, self.models.tts)
             await self.models.llm.aclose()
         if self.llama is not None:
             await self.llama.stop()

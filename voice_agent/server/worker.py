@@ -8,10 +8,13 @@ session work (aiortc's per-packet Python, turn detection, protocol) spreads
 over N processes and N cores, while each model is loaded once and batches
 across every worker's calls.
 
-The parent may start it before its models are loaded, so that the imports
-here overlap that; it then writes one JSON line on stdin (settings, links,
-socket path, index) and keeps stdin open: end of file means the parent is gone (or
-wants this worker stopped now), and the worker closes its calls and exits.
+The parent starts it while its own models load and writes two JSON lines
+on stdin: at once, who it is and the settings (index, socket path,
+settings), on which it imports and loads its own small models (the VAD, the
+end-of-turn model) meanwhile; then, once the parent's models are up, where
+they are and the capacity. It keeps stdin open: end of file means the
+parent is gone (or wants this worker stopped now), and the worker closes
+its calls and exits.
 SIGTERM (or the parent's ``POST /internal/drain``) drains it first: no new
 calls, the live ones finish or hear the goodbye (``server/drain.py``). It
 answers ``ready`` on stdout once it listens. ``GET /internal/calls/events``
@@ -33,7 +36,13 @@ from typing import Any
 from aiohttp import web
 
 from voice_agent.config import Settings
-from voice_agent.engine import Engine, SharedModelLinks
+from voice_agent.engine import (
+    Engine,
+    LocalModels,
+    SharedModelLinks,
+    load_local_models,
+    prepare_process,
+)
 from voice_agent.server.app import build_app, new_runner
 from voice_agent.server.app_keys import CALLS, LOOP_HEALTH
 from voice_agent.server.drain import DRAIN_PATH, drain_app, drain_route, stop_draining
@@ -48,13 +57,23 @@ MAX_PENDING_EVENTS = 1024
 
 @dataclass(frozen=True)
 class WorkerConfig:
+    """The first line: this worker's index, its socket and the settings."""
+
     index: int
     socket: str
     settings: dict[str, Any]
-    links: dict[str, Any]
 
     def call_id_prefix(self) -> str:
         return f"rtc_w{self.index}"
+
+
+@dataclass(frozen=True)
+class WorkerLinks:
+    """The second line: the parent's models (``SharedModelLinks``' fields)
+    and the capacity measured with them, each worker's own limit too."""
+
+    links: dict[str, Any]
+    max_calls: int
 
 
 async def call_events(request: web.Request) -> web.StreamResponse:
@@ -82,9 +101,14 @@ async def call_events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def run_worker(config: WorkerConfig, parent_gone: asyncio.Future[None]) -> None:
-    settings = Settings(**config.settings)
-    engine = Engine(settings, SharedModelLinks(**config.links))
+async def run_worker(
+    config: WorkerConfig,
+    settings: Settings,
+    links: SharedModelLinks,
+    local: LocalModels,
+    parent_gone: asyncio.Future[None],
+) -> None:
+    engine = Engine(settings, links)
     app = build_app(settings, engine, config.call_id_prefix(), behind_front=True)
     app.router.add_get(EVENTS_PATH, call_events)
     app.router.add_post(DRAIN_PATH, drain_route)
@@ -104,7 +128,7 @@ async def run_worker(config: WorkerConfig, parent_gone: asyncio.Future[None]) ->
     parent_gone.add_done_callback(lambda _: stop_with("now"))
     try:
         with app[LOOP_HEALTH].starting():
-            await engine.start()
+            await engine.start(local)
         await web.UnixSite(runner, config.socket).start()
         sys.stdout.write("ready\n")
         sys.stdout.flush()
@@ -129,10 +153,21 @@ async def main_async() -> None:
     config = WorkerConfig(**json.loads(line))
     from voice_agent.logs import configure
 
-    settings = config.settings
     configure(
-        settings.get("log_level", "INFO"), settings.get("log_format", "json"), worker=config.index
+        config.settings.get("log_level", "INFO"),
+        config.settings.get("log_format", "json"),
+        worker=config.index,
     )
+    settings = Settings(**config.settings)
+    prepare_process(settings)
+    local = await load_local_models(settings, hosts_sessions=True, warm=True)
+    line = await stdin.readline()
+    if not line.strip():  # the parent went away while its models loaded
+        if local.turn is not None:
+            local.turn.close()
+        return
+    linked = WorkerLinks(**json.loads(line))
+    settings = settings.model_copy(update={"max_calls": linked.max_calls})
     parent_gone: asyncio.Future[None] = loop.create_future()
 
     def gone(_: object) -> None:
@@ -142,7 +177,7 @@ async def main_async() -> None:
     watch = asyncio.create_task(stdin.read())  # returns at end of file
     watch.add_done_callback(gone)
     try:
-        await run_worker(config, parent_gone)
+        await run_worker(config, settings, SharedModelLinks(**linked.links), local, parent_gone)
     finally:
         watch.cancel()
 

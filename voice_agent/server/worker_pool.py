@@ -29,7 +29,7 @@ from voice_agent.config import Settings
 from voice_agent.cpu import default_max_calls
 from voice_agent.engine import SharedModelLinks
 from voice_agent.server.drain import DRAIN_PATH, GOODBYE_LIMIT_S
-from voice_agent.server.worker import EVENTS_PATH, WorkerConfig
+from voice_agent.server.worker import EVENTS_PATH, WorkerConfig, WorkerLinks
 
 log = logging.getLogger(__name__)
 
@@ -161,12 +161,15 @@ class WorkerPool:
 
     # -- processes ------------------------------------------------------------
     async def launch_ahead(self) -> None:
-        """Start every worker's process now, before the links exist: its
-        imports (~1.2 s of aiortc, aiohttp, numpy...) then overlap the
-        front's model loading, and start() only sends the configuration."""
+        """Start every worker's process now, before the links exist, and
+        send it who it is and the settings: its imports (~1.2 s of aiortc,
+        aiohttp, numpy...) and its own models (the VAD, the end-of-turn
+        model) then overlap the front's model loading, and start() only
+        sends the links."""
         for worker in self.workers:
-            worker.process = await self._spawn_process()
-            worker.waiting = True
+            process = await self._spawn_process()
+            worker.process = process
+            worker.waiting = await self._send(process, self._identity(worker))
 
     async def start(self, links: SharedModelLinks) -> None:
         """Start every worker; fails if any does not come up."""
@@ -176,8 +179,8 @@ class WorkerPool:
             self._spawn(self._supervise(worker), f"worker-{worker.index}-supervisor")
         self.started = True
 
-    def _config(self, worker: Worker) -> str:
-        assert self._links is not None
+    def _identity(self, worker: Worker) -> str:
+        """The first line a worker reads: its index, socket and settings."""
         # Admission, authentication and rate limits are the front's; a worker,
         # on its private socket, takes what it is sent.
         settings = self.settings.model_copy(
@@ -193,9 +196,14 @@ class WorkerPool:
             index=worker.index,
             socket=worker.socket,
             settings=settings.model_dump(mode="json"),
-            links=asdict(self._links),
         )
         return json.dumps(asdict(config)) + "\n"
+
+    def _links_line(self) -> str:
+        """The second line, once the front's models are up: where they
+        are, and the capacity measured with them."""
+        assert self._links is not None
+        return json.dumps(asdict(WorkerLinks(asdict(self._links), self.max_calls))) + "\n"
 
     async def _spawn_process(self) -> asyncio.subprocess.Process:
         interpreter, env = same_code_interpreter()
@@ -208,15 +216,15 @@ class WorkerPool:
             stdout=asyncio.subprocess.PIPE,
         )
 
-    async def _configure(self, worker: Worker, process: asyncio.subprocess.Process) -> bool:
-        """Hand ``process`` the worker's configuration; False if it has
-        exited (its pipe closed) before taking it."""
-        worker.process = process
+    @staticmethod
+    async def _send(process: asyncio.subprocess.Process, *lines: str) -> bool:
+        """Write ``lines`` to the worker's stdin; False if it has exited
+        (its pipe closed) before taking them."""
         assert process.stdin is not None
         if process.returncode is not None:
             return False
         try:
-            process.stdin.write(self._config(worker).encode())
+            process.stdin.write("".join(lines).encode())
             await process.stdin.drain()  # stays open: its end tells the worker we are gone
         except (BrokenPipeError, ConnectionResetError):
             return False
@@ -227,7 +235,7 @@ class WorkerPool:
             os.unlink(worker.socket)
         process = worker.process if worker.waiting else None
         worker.waiting = False
-        if process is not None and not await self._configure(worker, process):
+        if process is not None and not await self._send(process, self._links_line()):
             log.warning(
                 "media worker exited before its configuration; starting another",
                 extra={"worker": worker.index, "exit_code": await process.wait()},
@@ -235,8 +243,9 @@ class WorkerPool:
             process = None
         if process is None:  # a restart, or one that died waiting
             process = await self._spawn_process()
+            worker.process = process
             # One that dies at once ends its output: "did not start", below.
-            await self._configure(worker, process)
+            await self._send(process, self._identity(worker), self._links_line())
         assert process.stdout is not None
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
