@@ -39,8 +39,8 @@ def test_the_key_follows_the_model_the_code_and_the_extra(model: Path, builder: 
     assert content_key(model, builder) != changed
 
 
-def test_the_key_is_whispers_key_of_before(model: Path, builder: Path) -> None:
-    # Whisper's graphs already cached stay valid: the builder, then the model.
+def test_the_key_hashes_the_builder_then_the_model(model: Path, builder: Path) -> None:
+    # A cache written by one build is read by another as long as this holds.
     expected = hashlib.sha256(builder.read_bytes() + model.read_bytes()).hexdigest()[:16]
     assert content_key(model, builder) == expected
 

@@ -1,8 +1,10 @@
 """Whisper's ONNX graphs (whisper_onnx_graphs.py) kept on disk once built.
 
 Building them takes about a second on 2 cores, on every start; so the
-serialized graphs are cached (runtime/derived_cache.py), keyed by the model
-file's contents and the builder's source; the newest KEPT_KEYS keys stay.
+serialized graphs are cached (runtime/derived_cache.py), with ONNX
+Runtime's CPU-independent rewrites applied (onnx_options.rewritten), keyed
+by the model file's contents, the builder's source and ONNX Runtime's
+version; the newest KEPT_KEYS keys stay.
 A cached graph loads without the weights being read, or the onnx package
 imported, at all.
 """
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from voice_agent.backends.runtime.derived_cache import content_key, read_or_build
+from voice_agent.backends.runtime.onnx_options import VERSION, rewritten
 from voice_agent.backends.stt.ct2_model_file import read_variables
 from voice_agent.backends.stt.whisper_weights import cache_root
 
@@ -76,10 +79,10 @@ def _cached(
 ) -> list[bytes]:
     root = cache or cache_root()
     _remove_superseded(root)
-    key = content_key(model_file, BUILDER)
+    key = content_key(model_file, BUILDER, extra=VERSION)
 
     def serialized() -> list[bytes]:
-        return [graph.SerializeToString() for graph in build()]
+        return [rewritten(graph.SerializeToString()) for graph in build()]
 
     graphs = read_or_build(root / CACHE_FOLDER, stems, key, serialized, KEPT_KEYS)
     assert graphs is not None  # the builder always gives graphs

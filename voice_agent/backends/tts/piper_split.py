@@ -18,10 +18,12 @@ the whole graph: ``split_voice`` returns None and the piece is made at once.
 Cutting the graph takes the ``onnx`` package (imported for it alone) and
 holds three copies of the voice's weights while it runs (the TTS step of a
 start 0.23-0.28 s longer than reading the cut, bench/RESULTS.md); so the
-halves are kept on disk (runtime/derived_cache.py), a folder a voice, keyed
-by the voice file, this file's source and the onnx version, and a later
-start only reads them. Halves the runtime cannot load are removed, and cut
-again at the next start.
+halves are kept on disk (runtime/derived_cache.py), a folder a voice, with
+ONNX Runtime's CPU-independent rewrites applied (onnx_options.rewritten:
+the encoder half's session is made in about half the time), keyed by the
+voice file, this file's source and the onnx and ONNX Runtime versions, and
+a later start only reads them. Halves the runtime cannot load are removed,
+and cut again at the next start.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import numpy as np
 import onnxruntime
 
 from voice_agent.backends.runtime.derived_cache import content_key, forget, read_or_build
-from voice_agent.backends.runtime.onnx_options import session_from_bytes
+from voice_agent.backends.runtime.onnx_options import VERSION, rewritten, session_from_bytes
 from voice_agent.backends.stt.whisper_weights import cache_root
 
 log = logging.getLogger(__name__)
@@ -122,7 +124,7 @@ def split_voice(
         log.info("onnx unavailable: each Piper piece is made at once", extra={"voice": str(path)})
         return None
     try:
-        key = content_key(path, Path(__file__), extra=onnx_version)
+        key = content_key(path, Path(__file__), extra=f"onnx {onnx_version}, {VERSION}")
         folder: Path | None = (cache or cache_root()) / CACHE_FOLDER / path.stem
     except (OSError, RuntimeError) as exc:  # no source file, no home: cut without a cache
         log.info("piper halves not cached", extra={"voice": str(path), "error": repr(exc)})
@@ -173,7 +175,7 @@ def _cut(path: Path) -> list[bytes] | None:
         extractor = Extractor(model)
         encoder = extractor.extract_model(list(ENCODER_INPUTS), [latent])
         decoder = extractor.extract_model([latent], [model.graph.output[0].name])
-        return [encoder.SerializeToString(), decoder.SerializeToString()]
+        return [rewritten(half.SerializeToString()) for half in (encoder, decoder)]
     except Exception:  # another export's graph: the whole one still serves
         log.warning(
             "cannot split the Piper voice: each piece is made at once",
