@@ -312,6 +312,7 @@ async def main() -> None:
                     f"{stt_requests.get('final', '-')} / {stt_requests.get('partial', '-')}",
                 ],
                 ["speculations shed", stt_requests.get("partial_skipped", "-")],
+                ["STT decodes with a draft", stats.get("stt", {}).get("drafted", "-")],
                 [
                     "offer -> answer (p50 ms)",
                     f"{statistics.median(s['connect_ms'] for s in setups):.0f}",

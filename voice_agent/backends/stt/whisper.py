@@ -195,6 +195,8 @@ class FasterWhisperStt:
             "partial_too_long": self._partials_too_long,
             "abandoned_after_encoding": self._batches.abandoned_after_encoding,
             "abandoned_while_decoding": self._batches.abandoned_while_decoding,
+            # Decoded with a draft: the same turn's transcript at an earlier pause.
+            "drafted": self._batches.recent.drafted,
             **(
                 {"partial_lane": self._partial_worker.stats.snapshot()}
                 if self._partial_worker is not None

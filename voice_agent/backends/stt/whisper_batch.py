@@ -37,6 +37,7 @@ from voice_agent.backends.capabilities import (
     NO_SPEECH_THRESHOLD,
     Transcription,
 )
+from voice_agent.backends.stt.whisper_drafts import RecentTranscripts
 from voice_agent.backends.stt.whisper_onnx_decoder import Decoded, OnnxWhisperDecoder, TokenIds
 from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
 from voice_agent.backends.stt.whisper_tokens import WhisperTokens
@@ -154,6 +155,8 @@ class BatchTranscriber:
             raise ValueError("without a CTranslate2 model, both halves must run on ONNX Runtime")
         self._model = model
         self._encoder = encoder
+        # A turn's earlier transcripts, drafts for its later ones.
+        self.recent = RecentTranscripts()
         self.abandoned_after_encoding = 0
         self.abandoned_while_decoding = 0
         self._language = language
@@ -280,16 +283,23 @@ class BatchTranscriber:
             return []  # nobody waits for these any more
         results: list[Decoded]
         if onnx_decoder is not None:
+            audio = batch[group[0][0]].audio
             decoded = onnx_decoder.generate(
                 np.asarray(encoded),
                 self._prompt,
                 max_length,
                 stop=nobody_waits,
+                draft=self.recent.draft_for(audio) if len(group) == 1 else (),
+                # A speculation dropped as the caller spoke on: what it had
+                # decoded is the next one's draft all the same.
+                stopped=lambda sequences: self._remember(group, batch, sequences),
             )
             if decoded is None:
                 self.abandoned_while_decoding += 1
                 return []
             results = decoded
+            # Not a loop the length limit cut.
+            self._remember(group, batch, [r.tokens if r.finished else [] for r in results])
         else:
             assert ct2 is not None
             import ctranslate2
@@ -346,6 +356,13 @@ class BatchTranscriber:
                 )
             )
         return transcriptions
+
+    def _remember(
+        self, group: list[tuple[int, np.ndarray]], batch: list[Utterance], tokens: list[list[int]]
+    ) -> None:
+        """Each utterance's tokens, a draft for the same turn's next."""
+        for (i, _), row in zip(group, tokens, strict=True):
+            self.recent.remember(batch[i].audio, row)
 
     def _decode_segments(self, tokens: list[int], duration_s: float) -> tuple[str, bool]:
         """Text of the timestamped segments that start inside the audio, and

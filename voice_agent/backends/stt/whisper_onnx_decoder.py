@@ -132,18 +132,31 @@ class OnnxWhisperDecoder:
         prompt: Sequence[int],
         max_length: int,
         stop: Callable[[], bool] = lambda: False,
+        draft: Sequence[int] = (),
+        stopped: Callable[[list[list[int]]], None] = lambda sequences: None,
     ) -> list[Decoded] | None:
         """CTranslate2's ``generate(beam_size=1, return_no_speech_prob=True,
         suppress_blank=True, suppress_tokens=[-1])`` with timestamps, for a
         prompt of start-of-transcript, language and task. None when ``stop``
-        says nobody waits any more (checked between steps)."""
+        says nobody waits any more (checked between steps); ``stopped`` is
+        then told each row's tokens decoded so far.
+
+        ``draft`` (one utterance only): tokens the transcript probably starts
+        with, such as the transcript of this turn's audio at an earlier
+        pause. They are fed with the prompt in one step, and each is kept
+        only while it is the token greedy decoding chooses there; from the
+        first that is not, decoding goes on token by token as without one.
+        So the transcript is the one decoded without a draft (up to the
+        rounding of one step over many positions against many steps of
+        one), and each kept token costs a few ms less (a 7 s turn: 33
+        positions in one step 42 ms, against 30 steps 210 ms)."""
         if not prompt or self._ids.no_timestamps in prompt:
             raise ValueError(
                 "the prompt must be start-of-transcript and task tokens, with timestamps"
             )
         sessions = self._sessions.get()
         try:
-            return self._generate(sessions, encoded, prompt, max_length, stop)
+            return self._generate(sessions, encoded, prompt, max_length, stop, draft, stopped)
         finally:
             self._sessions.put(sessions)
 
@@ -154,6 +167,8 @@ class OnnxWhisperDecoder:
         prompt: Sequence[int],
         max_length: int,
         stop: Callable[[], bool],
+        draft: Sequence[int],
+        stopped: Callable[[list[list[int]]], None],
     ) -> list[Decoded] | None:
         batch = encoded.shape[0]
         cross = sessions.cross.run(
@@ -165,19 +180,23 @@ class OnnxWhisperDecoder:
             feeds[f"past_key_{i}"] = empty
             feeds[f"past_value_{i}"] = empty
         count = len(prompt)
-        tokens = np.tile(np.asarray(prompt, np.int64), (batch, 1))
+        # CTranslate2 decodes at most this many tokens after its prompt.
+        limit = min(max_length // 2, max_length - (count - 1))
+        # Drafted tokens whose logits the first step computed, still to be
+        # checked against greedy decoding's choice, in order.
+        pending = list(draft)[: limit - 1] if batch == 1 else []
+        tokens = np.tile(np.asarray([*prompt, *pending], np.int64), (batch, 1))
         logits = self._run(sessions.step, feeds, tokens, 0)
         # The no-speech probability is read where the start of transcript
         # was fed: the prompt's first position.
         no_speech = _softmax(logits[:, 0])[:, self._ids.no_speech]
-        # CTranslate2 decodes at most this many tokens after its prompt.
-        limit = min(max_length // 2, max_length - (count - 1))
         sequences: list[list[int]] = [[] for _ in range(batch)]
         logprobs = [0.0] * batch
         done = [False] * batch
-        last = logits[:, -1]
+        last = logits[:, count - 1]
         for step in range(limit):
             if stop():
+                stopped(sequences)
                 return None
             chosen = self._choose(last, sequences, done, step, logprobs)
             for row, token in enumerate(chosen):
@@ -189,6 +208,13 @@ class OnnxWhisperDecoder:
                     sequences[row].append(token)
             if all(done) or step == limit - 1:
                 break
+            if pending and chosen[0] == pending[0]:  # the draft's token: computed already
+                pending.pop(0)
+                last = logits[:, count + step]
+                continue
+            if pending:  # the draft went another way here: its later positions go
+                self._keep_positions(feeds, count + step)
+                pending = []
             tokens = np.asarray(chosen, dtype=np.int64).reshape(batch, 1)
             last = self._run(sessions.step, feeds, tokens, count + step)[:, -1]
         return [
@@ -222,6 +248,12 @@ class OnnxWhisperDecoder:
             feeds[f"past_value_{i}"] = results[f"present_value_{i}"]
         logits: np.ndarray = results["logits"]
         return logits
+
+    def _keep_positions(self, feeds: dict[str, np.ndarray], positions: int) -> None:
+        """The cache in ``feeds`` cut back to its first ``positions``."""
+        for i in range(self._layers):
+            for name in (f"past_key_{i}", f"past_value_{i}"):
+                feeds[name] = np.ascontiguousarray(feeds[name][:, :, :positions])
 
     def _choose(
         self,

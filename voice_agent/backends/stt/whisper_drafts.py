@@ -1,0 +1,59 @@
+"""Drafts for Whisper's decoder: what the same turn's audio said before.
+
+A caller's turn is transcribed at each of its pauses (the speculation a
+reply is prepared from) and again at its end, each time from the start of
+the turn: the audio at one pause begins with the whole audio of the pause
+before. Its transcript then mostly begins with the earlier one, so the
+earlier tokens are a draft the decoder checks in one step instead of
+choosing them one step each (whisper_onnx_decoder.py): a long turn with a
+pause is transcribed in about half the time, and a draft that is wrong
+only costs the one step.
+
+Kept: the last few utterances decoded in this process, whichever caller's;
+a new one is matched by its audio, never by who sent it, so no session
+needs to say which turn is which.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+# Enough for each of a few callers' latest pause, a few MB of audio at most
+# (16 kHz int16: 32 kB a second).
+KEPT = 8
+
+
+class RecentTranscripts:
+    """The last KEPT utterances' audio and tokens; used from the STT's
+    batching threads (several with parallel batches), hence the lock."""
+
+    def __init__(self, kept: int = KEPT) -> None:
+        self._recent: deque[tuple[np.ndarray, tuple[int, ...]]] = deque(maxlen=kept)
+        self._lock = threading.Lock()
+        self.drafted = 0  # utterances given a draft
+
+    def draft_for(self, audio: np.ndarray) -> tuple[int, ...]:
+        """The tokens of the latest utterance whose audio ``audio`` begins
+        with (the same turn, heard at an earlier pause), or none."""
+        with self._lock:
+            recent = list(self._recent)
+        for earlier, tokens in reversed(recent):
+            if len(earlier) <= len(audio) and np.array_equal(audio[: len(earlier)], earlier):
+                self.drafted += 1
+                found: tuple[int, ...] = tokens
+                return found
+        return ()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._recent.clear()
+
+    def remember(self, audio: np.ndarray, tokens: Sequence[int]) -> None:
+        if not len(audio) or not tokens:
+            return
+        with self._lock:
+            self._recent.append((audio, tuple(tokens)))
