@@ -4,6 +4,8 @@ graphs cached with their CPU-independent rewrites done answer the same."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -17,6 +19,8 @@ from voice_agent.backends.runtime.onnx_options import (
     saturating_int8,
     session_from_bytes,
 )
+from voice_agent.backends.stt import whisper_weights
+from voice_agent.backends.stt.whisper_graph_cache import encoder_graph
 from voice_agent.backends.tts.piper_tts import default_voice_path
 
 
@@ -75,3 +79,16 @@ def test_a_rewritten_graph_is_smaller_and_answers_bit_for_bit_the_same() -> None
     ]
     assert audio[0].size >= 256 * 10 and np.abs(audio[0]).max() > 0.01  # a hop a phoneme, loud
     assert np.array_equal(audio[0], audio[1])
+
+
+@pytest.mark.models
+def test_a_rewritten_graph_keeps_its_weights_as_any_cpu_reads_them(tmp_path: Path) -> None:
+    # Whisper's encoder, built into a fresh cache: its 8-bit weights stay
+    # signed, as built, whatever kernel this CPU's sessions choose.
+    graph = onnx.load_from_string(
+        encoder_graph(whisper_weights.resolve("base") / "model.bin", tmp_path)
+    )
+    weights = {w.name: w.data_type for w in graph.graph.initializer}
+    products = [n for n in graph.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+    assert products
+    assert {weights[n.input[1]] for n in products} == {onnx.TensorProto.INT8}

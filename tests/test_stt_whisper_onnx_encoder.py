@@ -19,7 +19,7 @@ from voice_agent.backends.stt import whisper_graph_cache as cache
 from voice_agent.backends.stt import whisper_onnx_graphs as graphs
 from voice_agent.backends.stt import whisper_weights
 from voice_agent.backends.stt.whisper import FasterWhisperStt
-from voice_agent.backends.stt.whisper_batch import LONG_PIECE_MIN_S, LONG_PIECE_S, long_pieces
+from voice_agent.backends.stt.whisper_long import LONG_PIECE_MIN_S, LONG_PIECE_S, long_pieces
 from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
 from voice_agent.backends.stt.whisper_weights import WeightsUnavailable
 from voice_agent.testing.audio_data import librivox, reference, silence, word_error_rate

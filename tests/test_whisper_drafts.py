@@ -26,22 +26,27 @@ def audio_of(*values: int) -> np.ndarray:
 
 def test_a_draft_is_the_latest_transcript_of_audio_this_begins_with() -> None:
     recent = RecentTranscripts()
-    recent.remember(audio_of(1, 2), [10])
+    recent.remember(audio_of(1, 2), [10, 12])
     recent.remember(audio_of(1, 2, 3), [10, 11])
     recent.remember(audio_of(7, 8), [70])
-    assert recent.draft_for(audio_of(1, 2, 3, 4)) == (10, 11)  # the longer, later one
-    assert recent.draft_for(audio_of(1, 2, 5)) == (10,)
+    assert recent.draft_for(audio_of(1, 2, 3, 4)) == (10, 11)  # of two alike, the later
+    assert recent.draft_for(audio_of(1, 2, 5)) == (10, 12)
     assert recent.draft_for(audio_of(1, 2, 3)) == (10, 11)  # the same audio again
     assert recent.draft_for(audio_of(1)) == ()  # shorter than any
     assert recent.draft_for(audio_of(2, 1, 3)) == ()  # another start
     assert recent.drafted == 3
+    # A speculation dropped after one token hides nothing longer.
+    recent.remember(audio_of(1, 2, 3, 4), [10])
+    assert recent.draft_for(audio_of(1, 2, 3, 4, 5)) == (10, 11)
 
 
 def test_only_the_latest_few_are_kept_and_nothing_empty() -> None:
     recent = RecentTranscripts()
     recent.remember(audio_of(5), [50])
     recent.remember(audio_of(), [1])
+    assert recent.draft_for(audio_of(3)) == ()  # empty audio is no one's beginning
     recent.remember(audio_of(6), [])
+    assert recent.draft_for(audio_of(6, 6)) == ()
     for n in range(KEPT):
         recent.remember(audio_of(9, n), [n])
     assert recent.draft_for(audio_of(5, 5)) == ()  # the oldest forgotten

@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import test_settings
+from tests.conftest import test_settings as settings_for_test
 from voice_agent.backends.llm.http_client import HttpLlmConfig
 from voice_agent.client import RealtimeClient
 from voice_agent.engine import SharedModelLinks
@@ -364,7 +364,21 @@ async def test_workers_started_ahead_leave_with_a_front_whose_models_fail(
     async with asyncio.timeout(120):
         assert await front.wait() != 0
     assert not in_group(front.pid)  # the front waited for each worker it started
+    # llama-server, started while the models loaded, leads its own group.
+    assert not started_with(env)
     assert not runtime_dirs(tmp_path)
+
+
+def started_with(env: dict[str, str]) -> list[int]:
+    """Live processes whose environment holds ``env`` (a test's own marker,
+    inherited by every process its server starts)."""
+    marker = [f"{name}={value}".encode() for name, value in env.items()]
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if all(m in environ.read_bytes().split(b"\0") for m in marker):
+                found.append(int(environ.parent.name))
+    return found
 
 
 def is_worker(pid: int) -> bool:
@@ -383,7 +397,7 @@ async def start_worker(
         *interpreter, "-m", "voice_agent.server.worker",
         env=env, stdin=PIPE, stdout=PIPE, stderr=PIPE,
     )  # fmt: skip
-    settings = test_settings(log_format="json", turn_detection="semantic")
+    settings = settings_for_test(log_format="json", turn_detection="semantic")
     config = WorkerConfig(0, str(tmp_path / "worker-0.sock"), settings.model_dump(mode="json"))
     assert worker.stdin is not None
     worker.stdin.write((json.dumps(asdict(config)) + "\n").encode())
@@ -439,12 +453,16 @@ async def test_a_worker_loads_its_own_models_before_its_links_come(tmp_path: Pat
             await worker.wait()
 
 
-async def test_a_worker_whose_parent_leaves_while_it_loads_exits_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["parent gone", "SIGTERM"])
+async def test_a_worker_stopped_while_it_loads_exits_cleanly(tmp_path: Path, how: str) -> None:
     worker, config = await start_worker(tmp_path)
     try:
-        await logged(worker, "blas threads capped")  # its models are loading now
+        await logged(worker, "worker loading its models")
         assert worker.stdin is not None
-        worker.stdin.close()
+        if how == "SIGTERM":  # a service manager stopping every process
+            worker.send_signal(signal.SIGTERM)
+        else:
+            worker.stdin.close()
         async with asyncio.timeout(60):
             assert await worker.wait() == 0
         assert not listening(config.socket)

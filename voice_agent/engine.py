@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -14,15 +13,12 @@ from voice_agent.backends.base import (
     ChatMessage,
     LlmBackend,
     LlmError,
-    SttBackend,
-    TtsBackend,
     TurnBackend,
     VadBackend,
     WordsBackend,
     synthesize,
 )
 from voice_agent.backends.capabilities import (
-    ClosesAsync,
     PartialTranscriber,
     ReleasesMemory,
     WarmsUp,
@@ -39,13 +35,15 @@ from voice_agent.backends.tts.hosted import hosted as hosted_tts
 from voice_agent.backends.turn.words import words_judge
 from voice_agent.capacity import TurnCost, capacity_of, host_turn_cost
 from voice_agent.config import Settings
-from voice_agent.cpu import (
-    limit_blas_threads,
-    run_in_inference_thread,
-    set_inference_nice,
-)
 from voice_agent.llm_endpoint import open_llm_endpoint
 from voice_agent.memory import give_back_free_heap
+from voice_agent.model_loading import (
+    LocalModels,
+    close_models,
+    load_local_models,
+    load_speech_models,
+    prepare_process,
+)
 from voice_agent.session.endpointing import EAGERNESS, SERVER_EAGERNESS, JudgeStats
 from voice_agent.session.hearing import HearingStats
 from voice_agent.session.prefill import PrefillGate
@@ -87,64 +85,6 @@ class SharedModelLinks:
     tts_voices: tuple[str, ...] = ()
     tts_backend: str = "piper"
     words_url: str | None = None  # the embedded LLM, for the end-of-turn words judge
-
-
-@dataclass(frozen=True)
-class LocalModels:
-    """The models each process that holds calls loads for itself, small and
-    per frame or per pause: the VAD and the end-of-turn model (None in the
-    models' process behind media workers, which holds no calls)."""
-
-    vad: VadBackend
-    turn: TurnBackend | None
-
-
-def prepare_process(s: Settings) -> None:
-    """What must precede any model load in this process: the inference
-    niceness its model threads inherit, and the BLAS thread cap."""
-    set_inference_nice(s.inference_nice)
-    capped = limit_blas_threads(s.blas_threads)
-    if capped:
-        log.info("blas threads capped", extra={"threads": s.blas_threads, "libraries": capped})
-
-
-async def load_local_models(s: Settings, hosts_sessions: bool, warm: bool) -> LocalModels:
-    """The VAD and, where calls are held, the end-of-turn model, loaded off
-    the event loop (and /healthz stays responsive); ``warm``: the turn model
-    run once, so the first caller's pause does not pay its lazy set-up."""
-    vad: VadBackend = await asyncio.to_thread(registry.create, "vad", s.vad, s)
-    # Small (9 MB, ~50 ms a judgement): each process that holds calls has
-    # its own, shared by its sessions, as with the VAD.
-    turn: TurnBackend | None = None
-    if hosts_sessions:
-        turn = await asyncio.to_thread(registry.create, "turn", s.turn_backend, s)
-        if warm and s.preload and isinstance(turn, WarmsUp):
-            await turn.warm_up()
-    return LocalModels(vad, turn)
-
-
-async def close_models(*models: SttBackend | TtsBackend) -> None:
-    for model in models:
-        if isinstance(model, ClosesAsync):
-            await model.aclose()
-        else:
-            model.close()
-
-
-async def load_speech_models(s: Settings) -> tuple[SttBackend, TtsBackend]:
-    """The STT and the TTS, loaded side by side (each is mostly ONNX
-    Runtime's graph set-up, in C++), in niced threads: the compute threads
-    a model creates inherit it. One that fails closes the other."""
-    loads = await asyncio.gather(
-        run_in_inference_thread(registry.create, "stt", s.stt, s),
-        run_in_inference_thread(registry.create, "tts", s.tts, s),
-        return_exceptions=True,
-    )
-    stt, tts = loads
-    if isinstance(stt, BaseException) or isinstance(tts, BaseException):
-        await close_models(*(m for m in loads if not isinstance(m, BaseException)))
-        raise stt if isinstance(stt, BaseException) else tts
-    return stt, tts
 
 
 class Engine:
@@ -250,8 +190,12 @@ class Engine:
             # A server started meanwhile is stopped by stop() (self.llama);
             # one still starting stops itself when cancelled.
             starting_llm.cancel()
-            with contextlib.suppress(BaseException):
+            try:
                 await starting_llm
+            except asyncio.CancelledError:
+                pass
+            except BaseException as exc:  # the models' failure is the one raised
+                log.warning("the LLM failed to start too", extra={"error": repr(exc)})
             raise
         try:
             llm = await starting_llm

@@ -36,13 +36,8 @@ from typing import Any
 from aiohttp import web
 
 from voice_agent.config import Settings
-from voice_agent.engine import (
-    Engine,
-    LocalModels,
-    SharedModelLinks,
-    load_local_models,
-    prepare_process,
-)
+from voice_agent.engine import Engine, SharedModelLinks
+from voice_agent.model_loading import LocalModels, load_local_models, prepare_process
 from voice_agent.server.app import build_app, new_runner
 from voice_agent.server.app_keys import CALLS, LOOP_HEALTH
 from voice_agent.server.drain import DRAIN_PATH, drain_app, drain_route, stop_draining
@@ -159,10 +154,20 @@ async def main_async() -> None:
         worker=config.index,
     )
     settings = Settings(**config.settings)
+    # SIGTERM before run_worker's handler: no call is held yet, so the
+    # worker only finishes the load under way and leaves.
+    terminated = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, terminated.set)
+    log.info("worker loading its models")
     prepare_process(settings)
     local = await load_local_models(settings, hosts_sessions=True, warm=True)
-    line = await stdin.readline()
-    if not line.strip():  # the parent went away while its models loaded
+    second = asyncio.ensure_future(stdin.readline())
+    ended = asyncio.ensure_future(terminated.wait())
+    await asyncio.wait({second, ended}, return_when=asyncio.FIRST_COMPLETED)
+    ended.cancel()
+    line = second.result() if second.done() and not terminated.is_set() else b""
+    second.cancel()
+    if not line.strip():  # the parent went away (or stopped it) while its models loaded
         if local.turn is not None:
             local.turn.close()
         return

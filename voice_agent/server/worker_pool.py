@@ -72,8 +72,8 @@ class Worker:
     # never sees this worker emptier than it is.
     unseen: set[str] = field(default_factory=set)
     up: bool = False
-    # Launched ahead, importing its code while the front loads the models:
-    # it waits for its configuration on stdin.
+    # Launched ahead, importing its code and loading its own models while the
+    # front loads the shared ones: it waits for its links on stdin.
     waiting: bool = False
     restarts: int = 0
     base_url: str = "http://worker"
@@ -237,7 +237,8 @@ class WorkerPool:
         worker.waiting = False
         if process is not None and not await self._send(process, self._links_line()):
             log.warning(
-                "media worker exited before its configuration; starting another",
+                "media worker exited before it was linked (its own models failed to "
+                "load?); starting another",
                 extra={"worker": worker.index, "exit_code": await process.wait()},
             )
             process = None

@@ -82,13 +82,18 @@ def session_from_bytes(
 def rewritten(model: bytes) -> bytes:
     """``model`` with ONNX Runtime's graph rewrites that hold on any CPU
     (constant folding, fusions: ``ORT_ENABLE_EXTENDED``) applied, for a
-    cache of derived graphs: a session made from it skips them, and its
-    outputs are the same bit for bit. They are a session's slowest set-up
-    step on large graphs (Piper's encoder half: 0.57 s to a session, 0.30 s
-    rewritten). The rewrites beyond (ORT_ENABLE_ALL's layouts) are CPU-
-    specific, so each session still makes those; the graph is only valid
-    with this ONNX Runtime version, so it belongs in its key (``VERSION``)."""
-    options = quiet_session_options(1)
+    cache of derived graphs: a session made from it has less left to do, and
+    its outputs are the same bit for bit. They are a session's slowest
+    set-up step on large graphs (Piper's encoder half: 0.57 s to a session,
+    0.30 s rewritten). The rewrites beyond (ORT_ENABLE_ALL's layouts) are
+    CPU-specific, so each session still makes those, and so are the
+    session options that choose kernels: the exact 8-bit products above
+    store the weights unsigned, so the rewrite is made without them, and a
+    session that needs them converts the weights itself. The graph is only
+    valid with this ONNX Runtime version and this rewrite: both belong in
+    its key (``VERSION``)."""
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     with tempfile.TemporaryDirectory(prefix="voice-agent-graph-") as folder:
         target = Path(folder) / "rewritten.onnx"
@@ -98,4 +103,6 @@ def rewritten(model: bytes) -> bytes:
         return target.read_bytes()
 
 
-VERSION = f"onnxruntime {onnxruntime.__version__}"
+# Raised when rewritten() writes something else: the caches' keys change.
+REWRITE = 1
+VERSION = f"onnxruntime {onnxruntime.__version__}, rewrite {REWRITE}"

@@ -38,6 +38,7 @@ from voice_agent.backends.capabilities import (
     Transcription,
 )
 from voice_agent.backends.stt.whisper_drafts import RecentTranscripts
+from voice_agent.backends.stt.whisper_long import long_pieces
 from voice_agent.backends.stt.whisper_onnx_decoder import Decoded, OnnxWhisperDecoder, TokenIds
 from voice_agent.backends.stt.whisper_onnx_encoder import OnnxWhisperEncoder
 from voice_agent.backends.stt.whisper_tokens import WhisperTokens
@@ -65,11 +66,6 @@ DECODED_TOKENS_BASE = 8
 # the clip is that quiet itself.
 SILENCE_BELOW_MAX = 2.0
 SILENCE_FLOOR = -1.5
-# An utterance longer than the 30 s window, with no CTranslate2 model to
-# seek through it, is cut into pieces of at most LONG_PIECE_S at its
-# quietest 100 ms after LONG_PIECE_MIN_S (a pause, where there is one).
-LONG_PIECE_S = 28.0
-LONG_PIECE_MIN_S = 18.0
 
 
 def _bare(word: str) -> str:
@@ -103,22 +99,6 @@ class Utterance:
     audio: np.ndarray
     careful: bool = False  # the full 30 s window
     abandoned: bool = False  # set on the event loop, read in the worker thread
-
-
-def long_pieces(samples: np.ndarray, rate: int = 16_000) -> list[np.ndarray]:
-    """``samples`` cut into pieces of at most LONG_PIECE_S, each cut at the
-    quietest 100 ms between LONG_PIECE_MIN_S and LONG_PIECE_S into its piece."""
-    pieces: list[np.ndarray] = []
-    hop = rate // 10
-    while len(samples) > LONG_PIECE_S * rate:
-        lo, hi = int(LONG_PIECE_MIN_S * rate) // hop, int(LONG_PIECE_S * rate) // hop
-        frames = samples[lo * hop : hi * hop].astype(np.float32).reshape(-1, hop)
-        quietest = lo + int(np.argmin(np.square(frames).mean(axis=1)))
-        cut = quietest * hop + hop // 2
-        pieces.append(samples[:cut])
-        samples = samples[cut:]
-    pieces.append(samples)
-    return pieces
 
 
 def _tokenizer_file(path: Path) -> tokenizers.Tokenizer:
@@ -249,7 +229,10 @@ class BatchTranscriber:
         group: list[tuple[int, np.ndarray]],
         lane: WhisperModel | None,
         batch: list[Utterance],
+        drafts: bool = True,
     ) -> list[tuple[int, Transcription]]:
+        """``drafts``: the utterances' audio is what the group encodes (a
+        piece of a long one is not), so their tokens may draft and be drafted."""
         window = max(self._window_frames(f.shape[1], batch[i].careful) for i, f in group)
         padded = np.empty((len(group), group[0][1].shape[0], window), dtype=np.float32)
         for row, (_, features) in enumerate(group):
@@ -289,17 +272,18 @@ class BatchTranscriber:
                 self._prompt,
                 max_length,
                 stop=nobody_waits,
-                draft=self.recent.draft_for(audio) if len(group) == 1 else (),
+                draft=self.recent.draft_for(audio) if drafts and len(group) == 1 else (),
                 # A speculation dropped as the caller spoke on: what it had
                 # decoded is the next one's draft all the same.
-                stopped=lambda sequences: self._remember(group, batch, sequences),
+                stopped=lambda sequences: self._remember(group, batch, sequences, drafts),
             )
             if decoded is None:
                 self.abandoned_while_decoding += 1
                 return []
             results = decoded
             # Not a loop the length limit cut.
-            self._remember(group, batch, [r.tokens if r.finished else [] for r in results])
+            finished = [r.tokens if r.finished else [] for r in results]
+            self._remember(group, batch, finished, drafts)
         else:
             assert ct2 is not None
             import ctranslate2
@@ -358,9 +342,15 @@ class BatchTranscriber:
         return transcriptions
 
     def _remember(
-        self, group: list[tuple[int, np.ndarray]], batch: list[Utterance], tokens: list[list[int]]
+        self,
+        group: list[tuple[int, np.ndarray]],
+        batch: list[Utterance],
+        tokens: list[list[int]],
+        drafts: bool,
     ) -> None:
         """Each utterance's tokens, a draft for the same turn's next."""
+        if not drafts:
+            return
         for (i, _), row in zip(group, tokens, strict=True):
             self.recent.remember(batch[i].audio, row)
 
@@ -401,7 +391,7 @@ class BatchTranscriber:
                 if utterance.abandoned:
                     break  # nobody waits for the rest
                 group = [(0, self._features(piece))]
-                for _, result in self._generate(group, None, [utterance]):
+                for _, result in self._generate(group, None, [utterance], drafts=False):
                     texts.append(result.text)
                     truncated = truncated or result.truncated
             text = " ".join(text for text in texts if text)

@@ -5,9 +5,11 @@ reply is prepared from) and again at its end, each time from the start of
 the turn: the audio at one pause begins with the whole audio of the pause
 before. Its transcript then mostly begins with the earlier one, so the
 earlier tokens are a draft the decoder checks in one step instead of
-choosing them one step each (whisper_onnx_decoder.py): a long turn with a
-pause is transcribed in about half the time, and a draft that is wrong
-only costs the one step.
+choosing them one step each (whisper_onnx_decoder.py): a turn with a
+pause inside it is transcribed 7-11 % sooner (paired median, bench/RESULTS.md;
+its decoding alone, for a 7 s turn, 42 ms against 210), and a draft that is
+wrong from its first token costs that one step over its positions (~1 ms a
+position on 2 cores).
 
 Kept: the last few utterances decoded in this process, whichever caller's;
 a new one is matched by its audio, never by who sent it, so no session
@@ -37,16 +39,21 @@ class RecentTranscripts:
         self.drafted = 0  # utterances given a draft
 
     def draft_for(self, audio: np.ndarray) -> tuple[int, ...]:
-        """The tokens of the latest utterance whose audio ``audio`` begins
-        with (the same turn, heard at an earlier pause), or none."""
+        """The most tokens of an utterance whose audio ``audio`` begins with
+        (the same turn, heard at an earlier pause; of two alike, the later),
+        or none. The most: a speculation dropped after a few tokens must not
+        hide the whole transcript of the pause before it."""
         with self._lock:
             recent = list(self._recent)
-        for earlier, tokens in reversed(recent):
-            if len(earlier) <= len(audio) and np.array_equal(audio[: len(earlier)], earlier):
+        found: tuple[int, ...] = ()
+        for earlier, tokens in recent:
+            prefix = len(earlier) <= len(audio) and np.array_equal(audio[: len(earlier)], earlier)
+            if prefix and len(tokens) >= len(found):
+                found = tokens
+        if found:
+            with self._lock:
                 self.drafted += 1
-                found: tuple[int, ...] = tokens
-                return found
-        return ()
+        return found
 
     def clear(self) -> None:
         with self._lock:
