@@ -15,8 +15,8 @@ Utterances without such a pause get no draft in service either and are
 left out.
 
 It prints the pooled WER of each arm, the time to the whole utterance's
-transcript (p50 / p95 and the median of the paired ratios), how many draft
-tokens were kept, and every utterance heard differently.
+transcript (p50 / p95 and the median of the paired ratios), how many
+utterances were given a draft, and every utterance heard differently.
 
     .venv/bin/python bench/stt_drafts.py
     .venv/bin/python bench/stt_drafts.py --limit 60
