@@ -211,6 +211,22 @@ async def listened(
     return " ".join(t.strip() for t in texts if t.strip()), len(turns)
 
 
+def print_heard_differently(
+    references: list[tuple[str, str]], heard: dict[str, list[str]], arms: tuple[str, str]
+) -> None:
+    """Each utterance (name, reference text) the two ``arms`` heard
+    differently, with each arm's word errors and transcript."""
+    first, second = arms
+    differ = [i for i in range(len(references)) if heard[first][i] != heard[second][i]]
+    print(f"\nheard differently: {len(differ)} of {len(references)}")
+    for i in differ:
+        name, text = references[i]
+        counts = ", ".join(f"{arm} {errors(text, heard[arm][i])}" for arm in arms)
+        print(f"- {name} (errors {counts}): reference {text!r}")
+        for arm in arms:
+            print(f"  {arm} {heard[arm][i]!r}")
+
+
 def errors(reference: str, transcript: str) -> int:
     """Word errors, both sides normalised as bench/listening.py does; a
     hyphen may join or part words."""

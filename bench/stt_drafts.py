@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.packet_loss import errors
+from bench.packet_loss import errors, print_heard_differently
 from bench.speech_sets import Utterance, normalised, split_sets
 from voice_agent.backends.stt.whisper import FasterWhisperStt
 from voice_agent.testing.audio_data import words
@@ -109,13 +109,8 @@ async def main(args: argparse.Namespace) -> None:
         f"sooner with the draft on {sum(r < 1 for r in ratios)} of {len(ratios)}; "
         f"a draft given to {sum(kept)} of {len(kept)}"
     )
-    differ = [i for i in range(len(utterances)) if heard["draft"][i] != heard["none"][i]]
-    print(f"\nheard differently: {len(differ)} of {len(utterances)}")
-    for i in differ:
-        u = utterances[i][0]
-        e_draft, e_none = (errors(u.text, heard[arm][i]) for arm in ("draft", "none"))
-        print(f"- {u.name} (errors draft {e_draft}, none {e_none}): reference {u.text!r}")
-        print(f"  draft {heard['draft'][i]!r}\n  none  {heard['none'][i]!r}")
+    references = [(u.name, u.text) for u, _ in utterances]
+    print_heard_differently(references, heard, ("draft", "none"))
 
 
 if __name__ == "__main__":

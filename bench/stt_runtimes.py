@@ -29,7 +29,7 @@ from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.packet_loss import errors
+from bench.packet_loss import errors, print_heard_differently
 from bench.speech_sets import normalised, source, split_sets
 from voice_agent.backends.stt.whisper import FasterWhisperStt
 from voice_agent.testing.audio_data import words
@@ -77,13 +77,8 @@ async def main(args: argparse.Namespace) -> None:
         f"over {len(ratios)} utterances; onnx faster on "
         f"{sum(r < 1 for r in ratios)} of {len(ratios)}"
     )
-    differ = [i for i in range(len(utterances)) if heard["onnx"][i] != heard["ctranslate2"][i]]
-    print(f"\nheard differently: {len(differ)} of {len(utterances)}")
-    for i in differ:
-        u = utterances[i]
-        e_onnx, e_ct2 = (errors(u.text, heard[arm][i]) for arm in ("onnx", "ctranslate2"))
-        print(f"- {u.name} (errors onnx {e_onnx}, ctranslate2 {e_ct2}): reference {u.text!r}")
-        print(f"  onnx {heard['onnx'][i]!r}\n  ctranslate2 {heard['ctranslate2'][i]!r}")
+    references = [(u.name, u.text) for u in utterances]
+    print_heard_differently(references, heard, ("onnx", "ctranslate2"))
 
 
 if __name__ == "__main__":
