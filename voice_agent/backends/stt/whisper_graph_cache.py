@@ -3,8 +3,9 @@
 Building them takes about a second on 2 cores, on every start; so the
 serialized graphs are cached (runtime/derived_cache.py), with ONNX
 Runtime's CPU-independent rewrites applied (onnx_options.rewritten), keyed
-by the model file's contents, the builder's source and ONNX Runtime's
-version; the newest KEPT_KEYS keys stay.
+by the model file's contents, the builder's source, ONNX Runtime's
+version and the rewrite's (onnx_options.VERSION); the newest KEPT_KEYS
+keys stay.
 A cached graph loads without the weights being read, or the onnx package
 imported, at all.
 """

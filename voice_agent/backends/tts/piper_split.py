@@ -21,9 +21,10 @@ start 0.23-0.28 s longer than reading the cut, bench/RESULTS.md); so the
 halves are kept on disk (runtime/derived_cache.py), a folder a voice, with
 ONNX Runtime's CPU-independent rewrites applied (onnx_options.rewritten:
 the encoder half's session is made in about half the time), keyed by the
-voice file, this file's source and the onnx and ONNX Runtime versions, and
-a later start only reads them. Halves the runtime cannot load are removed,
-and cut again at the next start.
+voice file, this file's source, the onnx version and onnx_options.VERSION
+(ONNX Runtime's and the rewrite's), and a later start only reads them.
+Halves the runtime cannot load are removed, and cut again at the next
+start.
 """
 
 from __future__ import annotations
