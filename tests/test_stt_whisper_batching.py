@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voice_agent.backends.stt.whisper import FasterWhisperStt
+from voice_agent.backends.stt.whisper import PARTIAL_BUSY_SHARE, FasterWhisperStt
 from voice_agent.backends.stt.whisper_batch import without_restart
 from voice_agent.testing.audio_data import librivox, reference, word_error_rate
 
@@ -132,5 +132,28 @@ async def test_partials_run_on_an_idle_priority_model_only_while_no_transcript_w
         assert word_error_rate(reference("0930"), await final) <= 0.15
         lane = stt.stats()["partial_lane"]
         assert isinstance(lane, dict) and lane["requests"]["partial"] == 1
+    finally:
+        stt.close()
+
+
+@pytest.mark.models
+async def test_a_partial_drafts_the_final_and_none_runs_while_the_model_is_busy() -> None:
+    stt = FasterWhisperStt("base", "en", 2, max_batch=1, batch_wait_ms=0)
+    try:
+        assert stt.default_partial_interval_ms > 0  # on by default with the ONNX decoder
+        clip = librivox("0870")
+        # The caller still speaking, two thirds in: the partial's tokens are
+        # the draft of the whole turn's transcript.
+        partial = await stt.transcribe_partial(clip[: len(clip) * 2 // 3])
+        assert partial is not None and len(partial.split()) >= 5
+        final = await stt.transcribe(clip)
+        assert word_error_rate(reference("0870"), final) <= 0.15
+        assert stt.stats()["drafted"] == 1
+        # Transcripts that matter keep the model busy: partials stop.
+        while stt._worker.busy_share.share() <= PARTIAL_BUSY_SHARE:
+            await stt.transcribe(librivox("0930"))
+        assert await stt.transcribe_partial(clip[:16000]) is None
+        assert stt.stats()["partial_model_busy"] == 1
+        assert stt.stats()["requests"]["partial"] == 1  # type: ignore[index]
     finally:
         stt.close()

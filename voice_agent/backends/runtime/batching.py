@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 from voice_agent.backends.base import InferenceWorker
+from voice_agent.backends.runtime.busy_share import BusyShare
 from voice_agent.backends.runtime.durations import Durations
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ class BatchingWorker(Generic[Req, Res]):
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.stats = BatchStats()
+        # What share of the last seconds batches ran: optional work asks it.
+        self.busy_share = BusyShare(lanes=parallel)
 
     # -- submitting -----------------------------------------------------------
     async def submit(self, item: Req) -> Res:
@@ -288,6 +291,7 @@ class BatchingWorker(Generic[Req, Res]):
             self.stats.queue_wait.add(started - request.enqueued)
         self._running[batch[0].priority] += 1
         self._in_flight += batch
+        self.busy_share.started(id(batch))
 
     async def _run(self, batch: list[_Request[Req, Res]]) -> None:
         started = time.monotonic()
@@ -325,6 +329,7 @@ class BatchingWorker(Generic[Req, Res]):
     def _batch_ended(self, batch: list[_Request[Req, Res]]) -> None:
         priority = batch[0].priority
         self._running[priority] = max(0, self._running[priority] - 1)  # reset if the loop died
+        self.busy_share.ended(id(batch))
         ended = {id(r) for r in batch}  # by identity: requests hold arrays
         self._in_flight = [r for r in self._in_flight if id(r) not in ended]
 

@@ -40,10 +40,17 @@ T = TypeVar("T")
 ONEDNN_CACHE_CAPACITY = "32"
 # Partials on the idle-priority copy of the model (--stt-partial-lane idle):
 # Whisper base takes 0.2-0.5 s a transcription on 2 cores, so each speaking
-# caller has about one running. On the one shared model they would keep a
-# core busy per speaking caller beside the transcripts that matter, so there
-# they are off by default.
+# caller has about one running.
 IDLE_LANE_PARTIAL_INTERVAL_MS = 500
+# Partials on the one shared model (the ONNX decoder's): each is the next
+# transcript's draft (whisper_drafts.py), so the turn's final, a few words
+# past it, decodes in a step or two, and its words prefill the LLM. One a
+# second of speech keeps a draft at most a second behind for ~0.1-0.2 s of
+# the model's time; they run only while the model has been busy less than
+# PARTIAL_BUSY_SHARE of the last seconds, so on a loaded host (where they
+# would compete with every caller's reply) they stop.
+SHARED_LANE_PARTIAL_INTERVAL_MS = 1000
+PARTIAL_BUSY_SHARE = 0.3
 
 
 class FasterWhisperStt:
@@ -104,8 +111,13 @@ class FasterWhisperStt:
                 ),
             )
         self.default_partial_interval_ms = (
-            IDLE_LANE_PARTIAL_INTERVAL_MS if partial_lane == "idle" else 0
+            IDLE_LANE_PARTIAL_INTERVAL_MS
+            if partial_lane == "idle"
+            else SHARED_LANE_PARTIAL_INTERVAL_MS
+            if decoder == "onnx"
+            else 0  # CTranslate2's decoder takes no draft
         )
+        self._partials_busy = 0
         self._batches = BatchTranscriber(
             self._model, path, language or "en", window, threads, parallel, decoder, onnx_encoder
         )
@@ -167,11 +179,16 @@ class FasterWhisperStt:
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         """Speech in progress, at the speculative work's low priority; None
-        (skipped) when finals wait or the turn is past --stt-partial-max-s."""
+        (skipped) when finals wait, the shared model has been busy more than
+        PARTIAL_BUSY_SHARE of the last seconds, or the turn is past
+        --stt-partial-max-s."""
         if len(audio) > self._partial_max_samples:
             self._partials_too_long += 1
             return None
         if self._partial_worker is None:
+            if self._worker.busy_share.share() > PARTIAL_BUSY_SHARE:
+                self._partials_busy += 1
+                return None
             worker = self._worker
         elif self._worker.busy:
             # A transcript that matters is being made: a partial now would
@@ -193,6 +210,7 @@ class FasterWhisperStt:
             "backend": self.name,
             **self._worker.stats.snapshot(),
             "partial_too_long": self._partials_too_long,
+            "partial_model_busy": self._partials_busy,
             "abandoned_after_encoding": self._batches.abandoned_after_encoding,
             "abandoned_while_decoding": self._batches.abandoned_while_decoding,
             # Decoded with a draft: the same turn's transcript at an earlier pause.
