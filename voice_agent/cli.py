@@ -73,7 +73,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         # A description that already says how its default is chosen (from the
         # cores, say) gets the value this machine would use.
         label = "here" if "default" in (field.description or "") else "default"
-        help_text = field.description or ""
+        # argparse %-formats help ("%(default)s"): a description's own
+        # percent signs ("30 % of") are text.
+        help_text = (field.description or "").replace("%", "%%")
         if kind is bool:
             parser.add_argument(
                 flag,
