@@ -308,10 +308,14 @@ async def main() -> None:
                 ],
                 ["turns without audio back", sum(t.client_ms is None for t in turns)],
                 [
-                    "STT requests: final / speculative",
+                    "STT requests: final / speculative and partial",
                     f"{stt_requests.get('final', '-')} / {stt_requests.get('partial', '-')}",
                 ],
-                ["speculations shed", stt_requests.get("partial_skipped", "-")],
+                ["speculations and partials shed", stt_requests.get("partial_skipped", "-")],
+                [
+                    "partials refused, the STT busy",
+                    stats.get("stt", {}).get("partial_model_busy", "-"),
+                ],
                 ["STT decodes with a draft", stats.get("stt", {}).get("drafted", "-")],
                 [
                     "offer -> answer (p50 ms)",

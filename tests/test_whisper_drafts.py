@@ -27,14 +27,16 @@ def audio_of(*values: int) -> np.ndarray:
 def test_a_draft_is_the_latest_transcript_of_audio_this_begins_with() -> None:
     recent = RecentTranscripts()
     recent.remember(audio_of(1, 2), [10, 12])
-    recent.remember(audio_of(1, 2, 3), [10, 11])
     recent.remember(audio_of(7, 8), [70])
-    assert recent.draft_for(audio_of(1, 2, 3, 4)) == (10, 11)  # of two alike, the later
     assert recent.draft_for(audio_of(1, 2, 5)) == (10, 12)
+    recent.remember(audio_of(1, 2, 3), [10, 11])  # the same turn, heard further
+    assert recent.draft_for(audio_of(1, 2, 3, 4)) == (10, 11)  # of two alike, the later
+    assert recent.draft_for(audio_of(1, 2, 5)) == ()  # the earlier one gave way
     assert recent.draft_for(audio_of(1, 2, 3)) == (10, 11)  # the same audio again
+    assert recent.draft_for(audio_of(7, 8, 9)) == (70,)
     assert recent.draft_for(audio_of(1)) == ()  # shorter than any
     assert recent.draft_for(audio_of(2, 1, 3)) == ()  # another start
-    assert recent.drafted == 3
+    assert recent.drafted == 4
     # A speculation dropped after one token hides nothing longer.
     recent.remember(audio_of(1, 2, 3, 4), [10])
     assert recent.draft_for(audio_of(1, 2, 3, 4, 5)) == (10, 11)
@@ -52,6 +54,16 @@ def test_only_the_latest_few_are_kept_and_nothing_empty() -> None:
     assert recent.draft_for(audio_of(5, 5)) == ()  # the oldest forgotten
     assert recent.draft_for(audio_of(6, 6)) == ()
     assert recent.draft_for(audio_of(9, KEPT - 1, 0)) == (KEPT - 1,)
+
+
+def test_a_turn_heard_every_second_keeps_one_entry_and_others_theirs() -> None:
+    recent = RecentTranscripts()
+    recent.remember(audio_of(7, 8), [70, 71])  # another caller's turn
+    turn = list(range(1, 3 * KEPT))
+    for n in range(2, len(turn)):  # a partial a second, each a word longer
+        recent.remember(audio_of(*turn[:n]), turn[:n])
+    assert recent.draft_for(audio_of(7, 8, 9)) == (70, 71)
+    assert recent.draft_for(audio_of(*turn)) == tuple(turn[:-1])
 
 
 @pytest.fixture(scope="module")

@@ -73,16 +73,14 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         # A description that already says how its default is chosen (from the
         # cores, say) gets the value this machine would use.
         label = "here" if "default" in (field.description or "") else "default"
-        # argparse %-formats help ("%(default)s"): a description's own
-        # percent signs ("30 % of") are text.
-        help_text = (field.description or "").replace("%", "%%")
+        help_text = field.description or ""
         if kind is bool:
             parser.add_argument(
                 flag,
                 dest=name,
                 action=argparse.BooleanOptionalAction,
                 default=None,
-                help=f"{help_text} ({label}: {default})",
+                help=_literal(f"{help_text} ({label}: {default})"),
             )
             continue
         parser.add_argument(
@@ -92,8 +90,14 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
             choices=choices,
             default=None,
             metavar=name.upper(),
-            help=f"{help_text} ({label}: {_show(default)})",
+            help=_literal(f"{help_text} ({label}: {_show(default)})"),
         )
+
+
+def _literal(help_text: str) -> str:
+    """argparse %-formats help ("%(default)s"): a description's own percent
+    signs ("30 % of") are text."""
+    return help_text.replace("%", "%%")
 
 
 async def serve(settings: Settings) -> None:

@@ -94,12 +94,15 @@ class BatchingWorker(Generic[Req, Res]):
         parallel: int = 1,
         rank: Callable[[Req], int] = lambda item: 0,
         lowered: bool = True,
+        optional: Callable[[Req], bool] = lambda item: False,
     ) -> None:
         """``rank``: among waiting requests of one priority, a batch takes
         only those of the lowest rank (the rest wait for the next batch), so
         slow work (a safe re-decode) never rides in, nor holds up, a batch
         of fast work. ``lowered`` False keeps the thread at the process's
-        priority (InferenceWorker)."""
+        priority (InferenceWorker). ``optional``: work that asks
+        ``busy_share`` before it is submitted, left out of it (a batch of it
+        alone is not the load it should yield to)."""
         if min(max_batch, max_queue, max_partial_batch, parallel) < 1 or max_wait_s < 0:
             raise ValueError(
                 "max_batch, max_partial_batch, max_queue and parallel must be >= 1, max_wait_s >= 0"
@@ -110,6 +113,7 @@ class BatchingWorker(Generic[Req, Res]):
         self.max_wait_s = max_wait_s
         self._run_batch = run_batch
         self._rank = rank
+        self._optional = optional
         self._thread = InferenceWorker(name, parallel, lowered)
         self._free_threads = asyncio.Semaphore(parallel)
         self._finals: deque[_Request[Req, Res]] = deque()
@@ -124,7 +128,8 @@ class BatchingWorker(Generic[Req, Res]):
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.stats = BatchStats()
-        # What share of the last seconds batches ran: optional work asks it.
+        # What share of the last seconds batches of required work ran:
+        # optional work asks it.
         self.busy_share = BusyShare(lanes=parallel)
 
     # -- submitting -----------------------------------------------------------
@@ -291,7 +296,8 @@ class BatchingWorker(Generic[Req, Res]):
             self.stats.queue_wait.add(started - request.enqueued)
         self._running[batch[0].priority] += 1
         self._in_flight += batch
-        self.busy_share.started(id(batch))
+        if not all(self._optional(r.item) for r in batch):
+            self.busy_share.started(id(batch))
 
     async def _run(self, batch: list[_Request[Req, Res]]) -> None:
         started = time.monotonic()

@@ -36,13 +36,18 @@ class BusyShare:
     def ended(self, token: int) -> None:
         start = self._running.pop(token, None)
         if start is not None:
-            self._ended.append((start, self._clock()))
+            now = self._clock()
+            self._ended.append((start, now))
+            self._forget_before(now - self._window_s)  # bounded if nobody asks
+
+    def _forget_before(self, since: float) -> None:
+        while self._ended and self._ended[0][1] <= since:
+            self._ended.popleft()
 
     def share(self) -> float:
         now = self._clock()
         since = now - self._window_s
-        while self._ended and self._ended[0][1] <= since:
-            self._ended.popleft()
+        self._forget_before(since)
         spans = [*self._ended, *((start, now) for start in self._running.values())]
         busy = sum(end - max(start, since) for start, end in spans if end > since)
         return min(1.0, busy / (self._window_s * self._lanes))

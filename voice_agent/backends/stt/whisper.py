@@ -43,12 +43,11 @@ ONEDNN_CACHE_CAPACITY = "32"
 # caller has about one running.
 IDLE_LANE_PARTIAL_INTERVAL_MS = 500
 # Partials on the one shared model (the ONNX decoder's): each is the next
-# transcript's draft (whisper_drafts.py), so the turn's final, a few words
-# past it, decodes in a step or two, and its words prefill the LLM. One a
-# second of speech keeps a draft at most a second behind for ~0.1-0.2 s of
-# the model's time; they run only while the model has been busy less than
-# PARTIAL_BUSY_SHARE of the last seconds, so on a loaded host (where they
-# would compete with every caller's reply) they stop.
+# transcript's draft (whisper_drafts.py), so the turn's final, a second of
+# speech or less past it, is mostly checked in one step, and its words
+# prefill the LLM. They run only while the transcripts that matter (finals,
+# speculations) kept the model busy less than PARTIAL_BUSY_SHARE of the last
+# 3 s: on a loaded host they would compete with every caller's reply.
 SHARED_LANE_PARTIAL_INTERVAL_MS = 1000
 PARTIAL_BUSY_SHARE = 0.3
 
@@ -132,8 +131,12 @@ class FasterWhisperStt:
             max_partial_batch=max_speculative_batch,
             parallel=parallel,
             # A safe re-decode (the full window) batches only with its kind,
-            # after the fast finals waiting: it never delays theirs.
-            rank=lambda utterance: int(utterance.careful),
+            # after the fast finals waiting: it never delays theirs. Live
+            # partials likewise go after the speculations waiting, never in
+            # their batch (where a speculation would wait for the partial's
+            # decoding too, and lose its draft: only one alone takes one).
+            rank=lambda utterance: int(utterance.careful) + 2 * int(utterance.live),
+            optional=lambda utterance: utterance.live,
         )
         self._partial_worker: BatchingWorker[Utterance, Transcription] | None = None
         if self._partial_model is not None:
@@ -178,9 +181,9 @@ class FasterWhisperStt:
         return await _submitted(self._worker.submit, utterance)
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
-        """Speech in progress, at the speculative work's low priority; None
-        (skipped) when finals wait, the shared model has been busy more than
-        PARTIAL_BUSY_SHARE of the last seconds, or the turn is past
+        """Speech in progress, after the speculations waiting; None (skipped)
+        when finals wait, finals and speculations kept the shared model busy
+        more than PARTIAL_BUSY_SHARE of the last 3 s, or the turn is past
         --stt-partial-max-s."""
         if len(audio) > self._partial_max_samples:
             self._partials_too_long += 1
@@ -197,7 +200,7 @@ class FasterWhisperStt:
             return None
         else:
             worker = self._partial_worker
-        result = await _submitted(worker.submit_partial, Utterance(audio))
+        result = await _submitted(worker.submit_partial, Utterance(audio, live=True))
         return None if result is None else result.text
 
     @property

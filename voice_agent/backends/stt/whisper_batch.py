@@ -98,6 +98,7 @@ class Utterance:
 
     audio: np.ndarray
     careful: bool = False  # the full 30 s window
+    live: bool = False  # a live partial: optional, the caller still speaking
     abandoned: bool = False  # set on the event loop, read in the worker thread
 
 

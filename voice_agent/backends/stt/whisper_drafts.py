@@ -24,9 +24,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# Enough for each of a few callers' latest pause, a few MB of audio at most
-# (16 kHz int16: 32 kB a second).
-KEPT = 8
+# A turn keeps one entry (its fullest transcript so far, see remember()), so
+# this is the turns of callers speaking at once that keep their drafts; a
+# few MB of audio at most (16 kHz int16: 32 kB a second).
+KEPT = 16
 
 
 class RecentTranscripts:
@@ -60,7 +61,19 @@ class RecentTranscripts:
             self._recent.clear()
 
     def remember(self, audio: np.ndarray, tokens: Sequence[int]) -> None:
+        """Kept, in place of the same turn's earlier transcripts with no more
+        tokens (a partial each second would otherwise push other callers'
+        turns out); an earlier one with more stays, as draft_for says."""
         if not len(audio) or not tokens:
             return
         with self._lock:
+            kept = [
+                (earlier, drafted)
+                for earlier, drafted in self._recent
+                if len(earlier) > len(audio)
+                or len(drafted) > len(tokens)
+                or not np.array_equal(audio[: len(earlier)], earlier)
+            ]
+            self._recent.clear()
+            self._recent.extend(kept)
             self._recent.append((audio, tuple(tokens)))
