@@ -45,9 +45,10 @@ IDLE_LANE_PARTIAL_INTERVAL_MS = 500
 # Partials on the one shared model (the ONNX decoder's): each is the next
 # transcript's draft (whisper_drafts.py), so the turn's final, a second of
 # speech or less past it, is mostly checked in one step, and its words
-# prefill the LLM. They run only while the transcripts that matter (finals,
-# speculations) kept the model busy less than PARTIAL_BUSY_SHARE of the last
-# 3 s: on a loaded host they would compete with every caller's reply.
+# prefill the LLM. One starts only on an idle model that the transcripts
+# that matter (finals, speculations) kept busy less than PARTIAL_BUSY_SHARE
+# of the last 3 s: on a loaded host they would compete with every caller's
+# reply.
 SHARED_LANE_PARTIAL_INTERVAL_MS = 1000
 PARTIAL_BUSY_SHARE = 0.3
 
@@ -181,15 +182,15 @@ class FasterWhisperStt:
         return await _submitted(self._worker.submit, utterance)
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
-        """Speech in progress, after the speculations waiting; None (skipped)
-        when finals wait, finals and speculations kept the shared model busy
-        more than PARTIAL_BUSY_SHARE of the last 3 s, or the turn is past
-        --stt-partial-max-s."""
+        """Speech in progress, on a model with nothing else to do; None
+        (skipped) when anything waits or runs on it, finals and speculations
+        kept the shared model busy more than PARTIAL_BUSY_SHARE of the last
+        3 s, or the turn is past --stt-partial-max-s."""
         if len(audio) > self._partial_max_samples:
             self._partials_too_long += 1
             return None
         if self._partial_worker is None:
-            if self._worker.busy_share.share() > PARTIAL_BUSY_SHARE:
+            if self._worker.busy or self._worker.busy_share.share() > PARTIAL_BUSY_SHARE:
                 self._partials_busy += 1
                 return None
             worker = self._worker
