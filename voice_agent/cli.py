@@ -96,7 +96,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _literal(help_text: str) -> str:
     """argparse %-formats help ("%(default)s"): a description's own percent
-    signs ("30 % of") are text."""
+    signs ("7 % slower") are text."""
     return help_text.replace("%", "%%")
 
 

@@ -83,8 +83,8 @@ class SttSettings(BaseModel):
     stt_partial_lane: Literal["idle", "shared"] = Field(
         "shared",
         description="faster-whisper: where partial transcripts run. shared: on the one model, "
-        "when it is idle and finals and speculations kept it busy less than 30 % of the last "
-        "3 s (each is the next transcript's draft). idle: on a "
+        "when it is idle and ran no final or speculative transcript in the last 3 s (each is "
+        "the next transcript's draft). idle: on a "
         "second copy of the model (about 80 MB) whose threads run at the OS's idle priority "
         "(SCHED_IDLE), so partials take only CPU nothing else wants, on every 500 ms unless "
         "--stt-partial-interval-ms (their words prefill the LLM).",

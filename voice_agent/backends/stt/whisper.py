@@ -45,12 +45,13 @@ IDLE_LANE_PARTIAL_INTERVAL_MS = 500
 # Partials on the one shared model (the ONNX decoder's): each is the next
 # transcript's draft (whisper_drafts.py), so the turn's final, a second of
 # speech or less past it, is mostly checked in one step, and its words
-# prefill the LLM. One starts only on an idle model that the transcripts
-# that matter (finals, speculations) kept busy less than PARTIAL_BUSY_SHARE
-# of the last 3 s: on a loaded host they would compete with every caller's
-# reply.
+# prefill the LLM. One starts only on an idle model that ran no transcript
+# that matters (a final, a speculation) in the last 3 s: on a loaded host
+# partials compete with every caller's reply, and five callers' p95 rose by
+# 0.2-0.8 s even when they needed a model busy less than 30 % of that time
+# (bench/RESULTS.md). One caller speaking after the agent's reply has it.
 SHARED_LANE_PARTIAL_INTERVAL_MS = 1000
-PARTIAL_BUSY_SHARE = 0.3
+PARTIAL_BUSY_SHARE = 0.0
 
 
 class FasterWhisperStt:
@@ -183,9 +184,9 @@ class FasterWhisperStt:
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         """Speech in progress, on a model with nothing else to do; None
-        (skipped) when anything waits or runs on it, finals and speculations
-        kept the shared model busy more than PARTIAL_BUSY_SHARE of the last
-        3 s, or the turn is past --stt-partial-max-s."""
+        (skipped) when anything waits or runs on it, a final or speculation
+        ran on the shared model in the last 3 s, or the turn is past
+        --stt-partial-max-s."""
         if len(audio) > self._partial_max_samples:
             self._partials_too_long += 1
             return None
