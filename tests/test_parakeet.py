@@ -293,7 +293,7 @@ async def test_serve_with_a_missing_parakeet_model_exits_with_how_to_fix_it(
     assert "cannot start" in text and "nowhere.nemo does not exist" in text
 
 
-def test_partials_are_on_by_default_for_local_models_only(
+def test_partials_are_on_by_default_for_parakeet_only(
     engine: Engine, parakeet: SttBackend, tiny_nemo_model: Path
 ) -> None:
     assert engine.models is not None and engine.models.stt.name == "faster-whisper"
@@ -306,7 +306,7 @@ def test_partials_are_on_by_default_for_local_models_only(
     }
     assert {name: c.partial_interval_ms for name, c in defaults.items()} == {
         "parakeet": 500,
-        "faster-whisper": 1000,  # with the ONNX decoder: each partial is the next draft
+        "faster-whisper": 0,  # on with --stt-partial-lane idle
         "openai": 0,
     }
     # The setting wins over the backend's default.

@@ -149,16 +149,15 @@ async def test_three_callers_each_prefill_their_own_words_before_their_reply(
     assert served.prefill_gate.in_flight == 0
 
 
-async def test_whisper_partials_prefill_the_words_whisper_heard(
+async def test_whisper_partials_when_asked_for_prefill_the_words_whisper_heard(
     engine: Engine, peer: ScriptedLlmServer, http: aiohttp.ClientSession
 ) -> None:
-    """faster-whisper (the shared engine's, ONNX decoder) gives partials by
-    default, every second; at the interval asked, its words so far are
-    prefilled."""
+    """faster-whisper (the shared engine's) gives partials only when
+    --stt-partial-interval-ms asks: its words so far are prefilled."""
     peer.script_for = answer_prefills_and_replies
     llm = make_llm("chat-completions", peer.base_url)
     assert engine.models is not None
-    assert engine_with_models(engine, settings_with()).session_config().partial_interval_ms == 1000
+    assert engine_with_models(engine, settings_with()).session_config().partial_interval_ms == 0
     settings = settings_with(stt_partial_interval_ms=700)
     served = engine_with_models(engine, settings, llm=llm)
     try:

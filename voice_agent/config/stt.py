@@ -77,14 +77,13 @@ class SttSettings(BaseModel):
         None,
         ge=0,
         description="Transcribe speech in progress this often, sending transcription deltas "
-        "(0 = off; default: the backend's, 500 for parakeet, 1000 for faster-whisper with the "
-        "ONNX decoder, off for openai).",
+        "(0 = off; default: the backend's, 500 for parakeet, off for faster-whisper and openai).",
     )
     stt_partial_lane: Literal["idle", "shared"] = Field(
         "shared",
         description="faster-whisper: where partial transcripts run. shared: on the one model, "
-        "when it is idle and ran no final or speculative transcript in the last 3 s (each is "
-        "the next transcript's draft). idle: on a "
+        "off unless --stt-partial-interval-ms, and then only when it is idle and finals and "
+        "speculations kept it busy less than 30 % of the last 3 s. idle: on a "
         "second copy of the model (about 80 MB) whose threads run at the OS's idle priority "
         "(SCHED_IDLE), so partials take only CPU nothing else wants, on every 500 ms unless "
         "--stt-partial-interval-ms (their words prefill the LLM).",

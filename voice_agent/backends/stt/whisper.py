@@ -42,16 +42,17 @@ ONEDNN_CACHE_CAPACITY = "32"
 # Whisper base takes 0.2-0.5 s a transcription on 2 cores, so each speaking
 # caller has about one running.
 IDLE_LANE_PARTIAL_INTERVAL_MS = 500
-# Partials on the one shared model (the ONNX decoder's): each is the next
-# transcript's draft (whisper_drafts.py), so the turn's final, a second of
-# speech or less past it, is mostly checked in one step, and its words
-# prefill the LLM. One starts only on an idle model that ran no transcript
-# that matters (a final, a speculation) in the last 3 s: on a loaded host
-# partials compete with every caller's reply, and five callers' p95 rose by
-# 0.2-0.8 s even when they needed a model busy less than 30 % of that time
-# (bench/RESULTS.md). One caller speaking after the agent's reply has it.
-SHARED_LANE_PARTIAL_INTERVAL_MS = 1000
-PARTIAL_BUSY_SHARE = 0.0
+# Partials on the one shared model (--stt-partial-interval-ms, the ONNX
+# decoder's): each is the next transcript's draft (whisper_drafts.py), so
+# the turn's final, a second of speech or less past it, is mostly checked
+# in one step, and its words prefill the LLM. One starts only on an idle
+# model that transcripts that matter (finals, speculations) kept busy less
+# than PARTIAL_BUSY_SHARE of the last 3 s. Off by default: one caller's
+# replies came sooner (paired median ratio 0.865 on read sentences, none on
+# short prompts), but five callers' p95 rose 0.2-1.3 s in 5 of 6 runs, this
+# rule's included: partials start in the gaps between other callers'
+# transcripts and compete with their replies (bench/RESULTS.md).
+PARTIAL_BUSY_SHARE = 0.3
 
 
 class FasterWhisperStt:
@@ -112,11 +113,7 @@ class FasterWhisperStt:
                 ),
             )
         self.default_partial_interval_ms = (
-            IDLE_LANE_PARTIAL_INTERVAL_MS
-            if partial_lane == "idle"
-            else SHARED_LANE_PARTIAL_INTERVAL_MS
-            if decoder == "onnx"
-            else 0  # CTranslate2's decoder takes no draft
+            IDLE_LANE_PARTIAL_INTERVAL_MS if partial_lane == "idle" else 0
         )
         self._partials_busy = 0
         self._batches = BatchTranscriber(
@@ -184,9 +181,9 @@ class FasterWhisperStt:
 
     async def transcribe_partial(self, audio: np.ndarray) -> str | None:
         """Speech in progress, on a model with nothing else to do; None
-        (skipped) when anything waits or runs on it, a final or speculation
-        ran on the shared model in the last 3 s, or the turn is past
-        --stt-partial-max-s."""
+        (skipped) when anything waits or runs on it, finals and speculations
+        kept the shared model busy more than PARTIAL_BUSY_SHARE of the last
+        3 s, or the turn is past --stt-partial-max-s."""
         if len(audio) > self._partial_max_samples:
             self._partials_too_long += 1
             return None
