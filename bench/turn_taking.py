@@ -63,8 +63,8 @@ ARMS = {
     # The model's verdicts alone, without the embedded LLM reading the words.
     "voice-only": ["--turn-detection", "semantic", "--no-turn-words"],
     "silence": ["--turn-detection", "silence"],
-    # Without the live partials that draft the STT and prefill the LLM.
-    "no-partials": ["--turn-detection", "semantic", "--stt-partial-interval-ms", "0"],
+    # With Whisper's live partials, which draft the STT and prefill the LLM.
+    "partials": ["--turn-detection", "semantic", "--stt-partial-interval-ms", "1000"],
 }
 PAUSES_S = (0.5, 1.0, 1.5)
 QUIET_S = 3.0  # after the speech: longer than the semantic cap, for a late reply
