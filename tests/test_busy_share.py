@@ -4,6 +4,7 @@ before it takes the model's time."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -59,8 +60,6 @@ def test_lanes_share_the_window_and_the_share_is_at_most_one() -> None:
 
 async def test_a_worker_s_share_follows_the_batches_it_runs() -> None:
     def slow_double(batch: list[int]) -> list[int]:
-        import time
-
         time.sleep(0.3)  # a model's inference, in the worker's thread
         return [2 * x for x in batch]
 

@@ -48,8 +48,7 @@ class RecentTranscripts:
             recent = list(self._recent)
         found: tuple[int, ...] = ()
         for earlier, tokens in recent:
-            prefix = len(earlier) <= len(audio) and np.array_equal(audio[: len(earlier)], earlier)
-            if prefix and len(tokens) >= len(found):
+            if _begins_with(audio, earlier) and len(tokens) >= len(found):
                 found = tokens
         if found:
             with self._lock:
@@ -70,10 +69,13 @@ class RecentTranscripts:
             kept = [
                 (earlier, drafted)
                 for earlier, drafted in self._recent
-                if len(earlier) > len(audio)
-                or len(drafted) > len(tokens)
-                or not np.array_equal(audio[: len(earlier)], earlier)
+                if len(drafted) > len(tokens) or not _begins_with(audio, earlier)
             ]
             self._recent.clear()
             self._recent.extend(kept)
             self._recent.append((audio, tuple(tokens)))
+
+
+def _begins_with(audio: np.ndarray, earlier: np.ndarray) -> bool:
+    """Whether ``audio`` starts with the whole of ``earlier`` (the same turn)."""
+    return len(earlier) <= len(audio) and np.array_equal(audio[: len(earlier)], earlier)
