@@ -9,8 +9,8 @@ decimating, fifty times a second for every call, idle or not.
 
 The libopus used is the one PyAV ships (``av.libs``, the copy FFmpeg
 already loaded), else the system's, called through ctypes; with neither
-``available()`` is False and the caller's audio takes aiortc's decoder as
-before.
+``available()`` is False and the caller's audio takes aiortc's own
+decoder.
 
 An empty payload (a packet of padding only, which aiortc passes on) must
 never reach ``opus_decode``: libopus takes a zero length for a lost packet
