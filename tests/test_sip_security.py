@@ -171,7 +171,7 @@ async def test_the_right_credentials_get_the_call_answered(
     assert run.code == 0, run.output
     assert await calls_total(lab) == before + 1
     assert digest_gateway.process.log.matching(r"call .* from trunk pbx answered")
-    await lab.wait_until_idle()
+    await lab.wait_until_idle(gateway=digest_gateway)
     assert lab.media_calls(digest_gateway) == []
 
     # A PBX that registers its trunk is told yes, after the same challenge.

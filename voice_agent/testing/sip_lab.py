@@ -196,11 +196,12 @@ class SipLab:
         calls: list[Any] = reply.get("calls", [])
         return calls
 
-    async def wait_until_idle(self, within_s: float = 10.0) -> None:
-        """Until no call is left: none in the service, none in rtpengine.
-        (Both are other processes' state, with nothing to wait on but asking.)"""
+    async def wait_until_idle(self, within_s: float = 10.0, gateway: Gateway | None = None) -> None:
+        """Until no call is left: none in the service, none in the gateway's
+        rtpengine. (Both are other processes' state, with nothing to wait on
+        but asking.)"""
         async with asyncio.timeout(within_s):
-            while (await self.stats())["calls"] or self.media_calls():  # noqa: ASYNC110
+            while (await self.stats())["calls"] or self.media_calls(gateway):  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
 
     async def sipp(self, scenario: str, *args: str, port: int = SIP_PORT) -> tuple[int, str]:
