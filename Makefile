@@ -21,9 +21,13 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=
 	-DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF \
 	-DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
 	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
-# The built server lives in a folder keyed by the version and the flags, so
-# changing either builds (and installs) a new one instead of reusing the old.
-LLAMA_KEY := $(shell printf '%s' '$(LLAMA_CPP) $(strip $(LLAMA_CMAKE_ARGS))' | sha256sum | cut -c1-12)
+# Our changes to those sources, applied before the build (each says why).
+LLAMA_PATCHES := $(sort $(wildcard deploy/llama-server/*.patch))
+# The built server lives in a folder keyed by the version, the flags and the
+# patches, so changing any builds (and installs) a new one instead of reusing
+# the old.
+LLAMA_KEY := $(shell { printf '%s' '$(LLAMA_CPP) $(strip $(LLAMA_CMAKE_ARGS))'; \
+	cat $(LLAMA_PATCHES) /dev/null; } | sha256sum | cut -c1-12)
 LLAMA_SERVER_DIR := .cache/llama-server-$(LLAMA_KEY)
 LLAMA_SERVER_STAMP := $(VENV)/.installed-llama-server-$(LLAMA_KEY)
 STAMP := $(VENV)/.installed
@@ -102,6 +106,9 @@ $(LLAMA_SERVER_DIR)/llama-server: | $(PY)
 	@rm -rf $(LLAMA_SERVER_DIR).tmp && mkdir -p $(LLAMA_SERVER_DIR).tmp/src
 	tar -xzf .cache/src/llama_cpp_python-$(LLAMA_VERSION).tar.gz --strip-components=1 \
 		-C $(LLAMA_SERVER_DIR).tmp/src
+	for patch in $(LLAMA_PATCHES); do \
+		git -C $(LLAMA_SERVER_DIR).tmp/src/vendor/llama.cpp apply -p1 "$(abspath .)/$$patch" \
+		|| exit 1; done
 	@set -o pipefail; PATH="$(abspath $(VENV))/bin:$$PATH" \
 		cmake -S $(LLAMA_SERVER_DIR).tmp/src/vendor/llama.cpp -B $(LLAMA_SERVER_DIR).tmp/build \
 		-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
@@ -114,7 +121,8 @@ $(LLAMA_SERVER_DIR)/llama-server: | $(PY)
 		| { grep --line-buffered -E '^\[[0-9]+/[0-9]+\]|error:|FAILED' || true; } \
 		| sed -u -E 's/^(\[[0-9]+\/[0-9]+\]) Building [A-Z]+ object (.*)/   \1 \2/'
 	cp $(LLAMA_SERVER_DIR).tmp/build/bin/llama-server $(LLAMA_SERVER_DIR).tmp/
-	@printf '%s\n' '$(LLAMA_CPP)' '$(strip $(LLAMA_CMAKE_ARGS))' > $(LLAMA_SERVER_DIR).tmp/BUILD-FLAGS
+	@printf '%s\n' '$(LLAMA_CPP)' '$(strip $(LLAMA_CMAKE_ARGS))' $(notdir $(LLAMA_PATCHES)) \
+		> $(LLAMA_SERVER_DIR).tmp/BUILD-FLAGS
 	@rm -rf $(LLAMA_SERVER_DIR).tmp/src $(LLAMA_SERVER_DIR).tmp/build $(LLAMA_SERVER_DIR)
 	mv $(LLAMA_SERVER_DIR).tmp $(LLAMA_SERVER_DIR)
 

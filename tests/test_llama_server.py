@@ -184,9 +184,12 @@ def private_kib(pid: int) -> int:
 
 
 @pytest.mark.models
-async def test_a_q8_0_kv_cache_answers_and_takes_less_memory_than_f16() -> None:
-    # The pool is allocated whole at start-up: 4 slots of 1024 tokens.
-    sizes: dict[str, int] = {}
+async def test_the_kv_pool_takes_memory_only_as_it_fills_in_f16_and_q8_0() -> None:
+    # 4 slots of 1024 tokens: SmolLM2-135M (30 layers, 3 KV heads of 64)
+    # needs 90 MiB for them in f16. llama.cpp zeroes the pool at start-up;
+    # our build (deploy/llama-server/cpu-buffer-clear-pages.patch) does it
+    # by handing the pages back, so a fresh server holds less than the pool.
+    pool_kib = 4 * 1024 * 30 * 2 * 3 * 64 * 2 // 1024
     for kv_type in ("f16", "q8_0"):
         server = EmbeddedLlamaServer(
             default_model_path(), threads=1, ctx=1024, parallel=4, kv_type=kv_type
@@ -194,12 +197,10 @@ async def test_a_q8_0_kv_cache_answers_and_takes_less_memory_than_f16() -> None:
         await server.start()
         llm = OpenAIChatLlm(HttpLlmConfig(server.base_url, None, "test", first_token_timeout_s=30))
         try:
-            assert await reply(llm)
             assert server._process is not None
-            sizes[kv_type] = private_kib(server._process.pid)
+            at_ready = private_kib(server._process.pid)
+            assert await reply(llm)
+            assert at_ready < pool_kib * 2 // 3, (kv_type, at_ready, pool_kib)
         finally:
             await llm.aclose()
             await server.stop()
-    # SmolLM2-135M: 30 layers, 3 KV heads of 64: 4096 tokens are 90 MiB in f16.
-    saved_mib = (sizes["f16"] - sizes["q8_0"]) / 1024
-    assert 35 <= saved_mib <= 55, sizes
