@@ -183,7 +183,14 @@ class EndOfTurnJudge:
             probability = await asyncio.wait_for(words.completion(text), timeout_s)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # late, or the server failed: the voice decides
+        except TimeoutError:  # a busy LLM server: expected under load, not a fault
+            self._stats.decisions["words_late"] += 1
+            self._stats.words_quick = False
+            log.info(
+                "end-of-turn words judge late; the voice decides",
+                extra={"session": self._session_id, "timeout_ms": round(timeout_s * 1000)},
+            )
+        except Exception as exc:  # the server failed: the voice decides
             self._stats.decisions["words_failed"] += 1
             self._stats.words_quick = False
             log.warning(
