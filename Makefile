@@ -106,8 +106,11 @@ $(LLAMA_SERVER_DIR)/llama-server: | $(PY)
 	@rm -rf $(LLAMA_SERVER_DIR).tmp && mkdir -p $(LLAMA_SERVER_DIR).tmp/src
 	tar -xzf .cache/src/llama_cpp_python-$(LLAMA_VERSION).tar.gz --strip-components=1 \
 		-C $(LLAMA_SERVER_DIR).tmp/src
+	@# The ceiling keeps git from finding this checkout's repository above the
+	@# sources, in which git apply would skip a "diff --git" patch's paths.
 	for patch in $(LLAMA_PATCHES); do \
-		git -C $(LLAMA_SERVER_DIR).tmp/src/vendor/llama.cpp apply -p1 "$(abspath .)/$$patch" \
+		GIT_CEILING_DIRECTORIES="$(abspath .cache)" git -C \
+		$(LLAMA_SERVER_DIR).tmp/src/vendor/llama.cpp apply -p1 "$(abspath .)/$$patch" \
 		|| exit 1; done
 	@set -o pipefail; PATH="$(abspath $(VENV))/bin:$$PATH" \
 		cmake -S $(LLAMA_SERVER_DIR).tmp/src/vendor/llama.cpp -B $(LLAMA_SERVER_DIR).tmp/build \
