@@ -10,7 +10,7 @@ The baseline, in the same run, is a bare aiortc answerer (this file with
 sends back silence that aiortc encodes frame by frame, with nothing else.
 
     .venv/bin/python bench/idle.py                      # 5 idle calls, 20 s
-    .venv/bin/python bench/idle.py --calls 10 --window 30 --server-arg=--workers=1
+    .venv/bin/python bench/idle.py --calls 10 --window 30 --server-arg=--workers=0
     .venv/bin/python bench/idle.py --variant "no DTX=--no-output-dtx" --rounds 2
 """
 

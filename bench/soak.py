@@ -352,7 +352,7 @@ async def main() -> None:
     server, url = await start_server(
         # One process: /debug/memory sees every call (the front of --workers
         # has no calls of its own to count).
-        *("--debug-endpoints", "--workers", "1", "--offers-per-minute", "0"),
+        *("--debug-endpoints", "--workers", "0", "--offers-per-minute", "0"),
         *("--max-calls", str(2 * CONCURRENT)),
         *args.server_arg,
         env=env,

@@ -215,7 +215,7 @@ async def test_limits_per_key_count_its_secrets_and_free_up_when_calls_end(
 
 
 async def test_auth_is_required_off_loopback_and_serve_says_how() -> None:
-    stderr = await serve_refusing_to_start("--host", "0.0.0.0", "--workers", "1")
+    stderr = await serve_refusing_to_start("--host", "0.0.0.0", "--workers", "0")
     assert "API keys are required (listening on 0.0.0.0, not loopback)" in stderr
     assert "--api-keys-file" in stderr
 

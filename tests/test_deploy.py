@@ -317,7 +317,7 @@ async def test_the_image_serves_a_real_call_with_host_networking(
         "VOICE_AGENT_API_KEYS": json.dumps([KEY]),
         # Loopback only: the test's media never leaves this machine.
         "VOICE_AGENT_ICE_HOST_ADDRESSES": '["127.0.0.1"]',
-        "VOICE_AGENT_WORKERS": "1",
+        "VOICE_AGENT_WORKERS": "0",
     }
     flags = [item for k, v in env.items() for item in ("-e", f"{k}={v}")]
     async with container(podman, "--network=host", *flags, image) as name:

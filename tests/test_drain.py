@@ -77,7 +77,7 @@ async def check_drain(http: aiohttp.ClientSession, url: str, process: Any) -> No
     await client.hangup()
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("workers", ["0", "2"])
 async def test_sigterm_drains_live_calls_then_ends_them_with_a_goodbye(
     http: aiohttp.ClientSession, workers: str
 ) -> None:
@@ -92,7 +92,7 @@ async def test_sigterm_drains_live_calls_then_ends_them_with_a_goodbye(
 async def test_a_drain_ends_as_soon_as_the_last_call_hangs_up(
     http: aiohttp.ClientSession,
 ) -> None:
-    process, url = await start_server("--workers", "1", "--drain-timeout-s", "600")
+    process, url = await start_server("--workers", "0", "--drain-timeout-s", "600")
     try:
         await wait_ready(http, url)
         client = RealtimeClient(url)
@@ -109,7 +109,7 @@ async def test_a_drain_ends_as_soon_as_the_last_call_hangs_up(
 
 
 async def test_a_second_signal_stops_a_drain_at_once(http: aiohttp.ClientSession) -> None:
-    process, url = await start_server("--workers", "1", "--drain-timeout-s", "600")
+    process, url = await start_server("--workers", "0", "--drain-timeout-s", "600")
     try:
         await wait_ready(http, url)
         client = RealtimeClient(url)
@@ -129,7 +129,7 @@ async def test_a_second_signal_stops_a_drain_at_once(http: aiohttp.ClientSession
 async def test_a_websocket_session_hears_the_goodbye_and_is_closed(
     http: aiohttp.ClientSession,
 ) -> None:
-    process, url = await start_server("--workers", "1", "--drain-timeout-s", "1")
+    process, url = await start_server("--workers", "0", "--drain-timeout-s", "1")
     try:
         await wait_ready(http, url)
         ws_url = url.replace("http://", "ws://") + "/v1/realtime"
@@ -157,7 +157,7 @@ async def test_sigterm_to_the_whole_process_group_drains_with_the_llm_still_answ
     of the service at once: the embedded LLM is the service's child, and it
     must not die under the calls the drain lets finish."""
     process, url = await start_server(
-        "--workers", "1", "--drain-timeout-s", "600", own_process_group=True
+        "--workers", "0", "--drain-timeout-s", "600", own_process_group=True
     )
     try:
         await wait_ready(http, url)

@@ -18,7 +18,7 @@ STARTS_A_SERVER = textwrap.dedent(
 
     async def main():
         process, _ = await start_server(
-            "--llm-base-url", "http://127.0.0.1:9/v1", "--workers", "1",
+            "--llm-base-url", "http://127.0.0.1:9/v1", "--workers", "0",
             "--vad", "webrtc", "--turn-backend", "silence",
         )
         print(process.pid, flush=True)

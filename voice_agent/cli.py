@@ -101,14 +101,14 @@ def _literal(help_text: str) -> str:
 
 
 async def serve(settings: Settings) -> None:
-    """Serve until a signal: everything in this process, or with
-    ``--workers`` above 1 the front, the models and N media workers.
+    """Serve until a signal: everything in this process (``--workers 0``),
+    or the front, the models and N media workers.
     SIGTERM drains first (no new calls, live ones finish or hear the
     goodbye: ``server/drain.py``); SIGINT, or a second signal, stops now."""
     from voice_agent.server.front import FrontServer
     from voice_agent.server.single import SingleServer
 
-    server = FrontServer(settings) if settings.workers > 1 else SingleServer(settings)
+    server = FrontServer(settings) if settings.workers > 0 else SingleServer(settings)
     # /healthz answers while models load; /readyz and calls wait for them.
     await server.listen()
     log.info(

@@ -50,6 +50,15 @@ def available_cores() -> int:
     return max(1, cores)
 
 
+def default_media_workers(cores: int) -> int:
+    """Media worker processes for this many cores: one fewer, since the
+    front's shared models (STT, TTS) and llama-server need a core of their
+    own; none on one core, where the front runs everything. On 2 cores one
+    worker carried five callers as well as two did (bench/RESULTS.md) and
+    leaves ~157 MB of idle memory out."""
+    return max(0, cores - 1)
+
+
 def _cgroup_quota() -> float | None:
     """cgroup v2 cpu.max ("max 100000" or "200000 100000"), in cores."""
     try:

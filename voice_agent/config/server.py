@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from voice_agent.config.secrets import weak_secret
-from voice_agent.cpu import available_cores
+from voice_agent.cpu import available_cores, default_media_workers
 
 
 class ServerSettings(BaseModel):
@@ -42,12 +42,13 @@ class ServerSettings(BaseModel):
         "start and cached; docs/operations.md).",
     )
     workers: int = Field(
-        default_factory=available_cores,
-        ge=1,
+        default_factory=lambda: default_media_workers(available_cores()),
+        ge=0,
         le=256,
-        description="Media/session worker processes behind the one port (default: the "
-        "available cores). The models (STT, TTS, the embedded LLM) stay in one shared process "
-        "each; 1 runs everything in this process.",
+        description="Media/session worker processes behind the one port (default: one fewer "
+        "than the available cores, which leaves the front a core for the shared models). "
+        "The models (STT, TTS, the embedded LLM) stay in one shared process each; 0 runs "
+        "everything in this process (so it is on one core).",
     )
     drain_timeout_s: float = Field(
         30.0,

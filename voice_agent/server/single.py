@@ -1,4 +1,4 @@
-"""Start-up and shutdown of the whole service in one process (``--workers 1``)."""
+"""Start-up and shutdown of the whole service in one process (``--workers 0``)."""
 
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ class WorkerPool:
         settings = self.settings.model_copy(
             update={
                 "offers_per_minute": 0,
-                "workers": 1,
+                "workers": 0,
                 "auth": "off",
                 "api_keys": [],
                 "api_keys_file": None,
