@@ -18,7 +18,6 @@ import pytest
 from tests.conftest import serve_refusing_to_start
 from voice_agent.cli import build_parser, main
 from voice_agent.config import Settings, load_settings
-from voice_agent.cpu import available_cores
 from voice_agent.testing.ports import free_port
 
 
@@ -70,25 +69,6 @@ def test_help_states_each_default_once() -> None:
     options = help_text.split("options:", 1)[1]
     workers = options.split("--workers WORKERS", 1)[1].split("--drain-timeout-s", 1)[0]
     assert workers.count("default") == 1 and "(here: " in workers
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin to")
-def test_the_media_workers_leave_the_front_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One core: everything in one process; two: the front (the shared
-    models, llama-server) and one media worker. The count follows the
-    cores this process may use, as taskset or a cpuset sets them."""
-    monkeypatch.delenv("VOICE_AGENT_WORKERS", raising=False)
-    allowed = os.sched_getaffinity(0)
-    first_two = sorted(allowed)[:2]
-    try:
-        os.sched_setaffinity(0, first_two[:1])
-        assert Settings().workers == 0
-        os.sched_setaffinity(0, first_two)
-        # A container's CPU quota below two cores would count first.
-        if available_cores() == 2:
-            assert Settings().workers == 1
-    finally:
-        os.sched_setaffinity(0, allowed)
 
 
 def test_help_prints_descriptions_as_written() -> None:

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import test_settings as settings_for_test
 from voice_agent.backends.llm.http_client import HttpLlmConfig
 from voice_agent.client import RealtimeClient
+from voice_agent.cpu import available_cores, media_workers_for
 from voice_agent.engine import SharedModelLinks
 from voice_agent.server.worker import WorkerConfig, WorkerLinks
 from voice_agent.server.worker_pool import same_code_interpreter
@@ -210,6 +211,33 @@ async def test_a_worker_that_hangs_does_not_hold_the_clients_request(
 def descendants(pid: int) -> list[int]:
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return [int(c) for c in children] + [d for c in children for d in descendants(int(c))]
+
+
+def test_the_media_workers_follow_the_capacity_and_one_core_runs_one_process() -> None:
+    assert [media_workers_for(calls, 2) for calls in (1, 5, 6, 10, 40)] == [1, 1, 2, 2, 2]
+    assert media_workers_for(40, 16) == 8 and media_workers_for(200, 16) == 16
+    assert media_workers_for(3, 1) == 0
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="needs two cores")
+@pytest.mark.parametrize(("max_calls", "workers"), [("5", 1), ("6", 2)])
+async def test_without_workers_set_the_capacity_chooses_them(
+    http: aiohttp.ClientSession, max_calls: str, workers: int
+) -> None:
+    """Five calls a media worker: a capacity of 5 gets one, of 6 two, each
+    up and answering (on two cores, as the CI machine has)."""
+    two_cores = set(sorted(os.sched_getaffinity(0))[:2])
+    process, url = await start_server("--max-calls", max_calls, cpus=two_cores)
+    server = WorkersServer(process, url)
+    try:
+        await wait_ready(http, url, timeout_s=240)
+        ready = await server.json(http, "/readyz")
+        assert [w["up"] for w in ready["workers"]] == [True] * workers
+        assert len(descendants(process.pid)) == workers + 1  # and llama-server
+    finally:
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await process.wait()
 
 
 async def test_sigterm_stops_the_front_every_worker_and_the_llm(

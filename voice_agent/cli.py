@@ -107,13 +107,15 @@ async def serve(settings: Settings) -> None:
     goodbye: ``server/drain.py``); SIGINT, or a second signal, stops now."""
     from voice_agent.server.front import FrontServer
     from voice_agent.server.single import SingleServer
+    from voice_agent.server.worker_pool import media_workers
 
-    server = FrontServer(settings) if settings.workers > 0 else SingleServer(settings)
+    workers = media_workers(settings)
+    server = FrontServer(settings) if workers > 0 else SingleServer(settings)
     # /healthz answers while models load; /readyz and calls wait for them.
     await server.listen()
     log.info(
         "listening",
-        extra={"url": f"http://{settings.host}:{settings.port}", "workers": settings.workers},
+        extra={"url": f"http://{settings.host}:{settings.port}", "workers": workers},
     )
     loop = asyncio.get_running_loop()
     first_signal: asyncio.Future[signal.Signals] = loop.create_future()

@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 # (voice_agent/capacity.py): on 2 cores with the embedded models, 5 callers
 # complete every turn with 0-59 of ~15,000 frames late (bench/load.py).
 CALLS_PER_CORE = 2.5
+# Calls one media worker process carries: its Python runs every packet of
+# its calls under one GIL. On 2 cores (bench/RESULTS.md, "One media worker
+# or two"), five calls in one worker sent every frame on time; ten in one
+# sent 53-66 of ~17,000-19,000 frames 20-40 ms late, ten in two none.
+CALLS_PER_MEDIA_WORKER = 5
 
 
 def cpu_flags() -> frozenset[str]:
@@ -50,13 +55,14 @@ def available_cores() -> int:
     return max(1, cores)
 
 
-def default_media_workers(cores: int) -> int:
-    """Media worker processes for this many cores: one fewer, since the
-    front's shared models (STT, TTS) and llama-server need a core of their
-    own; none on one core, where the front runs everything. On 2 cores one
-    worker carried five callers as well as two did (bench/RESULTS.md) and
-    leaves ~157 MB of idle memory out."""
-    return max(0, cores - 1)
+def media_workers_for(calls: int, cores: int) -> int:
+    """Media worker processes for a capacity of ``calls`` on ``cores``: one
+    for every CALLS_PER_MEDIA_WORKER calls, at most one a core; none (the
+    front runs everything) on one core, where a second process only adds
+    its memory."""
+    if cores <= 1:
+        return 0
+    return max(1, min(cores, math.ceil(calls / CALLS_PER_MEDIA_WORKER)))
 
 
 def _cgroup_quota() -> float | None:

@@ -10,7 +10,6 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from voice_agent.config.secrets import weak_secret
-from voice_agent.cpu import available_cores, default_media_workers
 
 
 class ServerSettings(BaseModel):
@@ -41,14 +40,14 @@ class ServerSettings(BaseModel):
         "(default: from the CPU one turn's work takes on this host, measured at the first "
         "start and cached; docs/operations.md).",
     )
-    workers: int = Field(
-        default_factory=lambda: default_media_workers(available_cores()),
+    workers: int | None = Field(
+        None,
         ge=0,
         le=256,
-        description="Media/session worker processes behind the one port (default: one fewer "
-        "than the available cores, which leaves the front a core for the shared models). "
-        "The models (STT, TTS, the embedded LLM) stay in one shared process each; 0 runs "
-        "everything in this process (so it is on one core).",
+        description="Media/session worker processes behind the one port (default: one for "
+        "every 5 calls of the capacity, at most one a core; on one core none). The models "
+        "(STT, TTS, the embedded LLM) stay in one shared process each; 0 runs everything "
+        "in this process.",
     )
     drain_timeout_s: float = Field(
         30.0,

@@ -31,7 +31,7 @@ from voice_agent.server.call_routes import add_call_routes
 from voice_agent.server.place_in_workers import InWorkers
 from voice_agent.server.runtime_dir import make_runtime_dir, sweep_stale_runtime_dirs
 from voice_agent.server.speech_api import add_speech_routes
-from voice_agent.server.worker_pool import WorkerPool
+from voice_agent.server.worker_pool import WorkerPool, media_workers
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class FrontServer:
         sweep_stale_runtime_dirs()  # what killed fronts left behind
         self._runtime_dir = make_runtime_dir()
         self.speech_socket = str(self._runtime_dir / "speech.sock")
-        self.pool = WorkerPool(settings, self._runtime_dir, settings.workers)
+        self.pool = WorkerPool(settings, self._runtime_dir, media_workers(settings))
         self.pool.listeners.append(self._after_call)
         self._runners: list[web.AppRunner] = []
 
@@ -95,6 +95,9 @@ class FrontServer:
             capacity = self.engine.max_calls
             self.pool.max_calls = capacity
             self.pool.settings = self.settings.model_copy(update={"max_calls": capacity})
+            # The measured capacity can need more workers than the estimate
+            # launched ahead: they start with the others below, not ahead.
+            self.pool.add_workers(media_workers(self.settings, capacity) - len(self.pool.workers))
             assert self.engine.models is not None
             speech = web.Application(client_max_size=32 * 1024 * 1024)
             add_speech_routes(speech, self.engine.models.stt, self.engine.models.tts)
@@ -103,7 +106,7 @@ class FrontServer:
             await web.UnixSite(runner, self.speech_socket).start()
             self._runners.insert(0, runner)  # closed after the front and the workers
             await self.pool.start(self.engine.links_for_workers(self.speech_socket))
-        log.info("media workers ready", extra={"workers": self.settings.workers})
+        log.info("media workers ready", extra={"workers": len(self.pool.workers)})
 
     async def drain(self) -> None:
         """No new calls here; each media worker drains its own (``server/drain.py``)."""

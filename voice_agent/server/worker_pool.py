@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from voice_agent.config import Settings
-from voice_agent.cpu import default_max_calls
+from voice_agent.cpu import available_cores, default_max_calls, media_workers_for
 from voice_agent.engine import SharedModelLinks
 from voice_agent.server.drain import DRAIN_PATH, GOODBYE_LIMIT_S
 from voice_agent.server.worker import EVENTS_PATH, WorkerConfig, WorkerLinks
@@ -47,6 +47,16 @@ def same_code_interpreter() -> tuple[list[str], dict[str, str]]:
     if root not in installed:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
     return [sys.executable, "-P"], env
+
+
+def media_workers(settings: Settings, capacity: int | None = None) -> int:
+    """``--workers`` when given; else as many as the capacity needs on the
+    available cores (before it is measured: ``--max-calls`` or the fixed
+    estimate a core)."""
+    if settings.workers is not None:
+        return settings.workers
+    calls = capacity or settings.max_calls or default_max_calls()
+    return media_workers_for(calls, available_cores())
 
 
 WORKER_ID = re.compile(r"^rtc_w(\d+)_")
@@ -116,7 +126,9 @@ class WorkerPool:
         # The front sets the measured capacity once its models are loaded.
         self.max_calls = settings.max_calls or default_max_calls()
         self._links: SharedModelLinks | None = None  # known once the models are loaded
-        self.workers = [Worker(i, str(runtime_dir / f"worker-{i}.sock")) for i in range(count)]
+        self._runtime_dir = runtime_dir
+        self.workers: list[Worker] = []
+        self.add_workers(count)
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._draining = False  # a worker that exits now is not restarted
@@ -160,6 +172,15 @@ class WorkerPool:
         return worker if worker.up else None
 
     # -- processes ------------------------------------------------------------
+    def add_workers(self, count: int) -> None:
+        """``count`` more workers, started by start() (the capacity measured
+        at start-up can need more than were launched ahead)."""
+        first = len(self.workers)
+        self.workers += [
+            Worker(i, str(self._runtime_dir / f"worker-{i}.sock"))
+            for i in range(first, first + count)
+        ]
+
     async def launch_ahead(self) -> None:
         """Start every worker's process now, before the links exist, and
         send it who it is and the settings: its imports (~1.2 s of aiortc,
