@@ -9,7 +9,10 @@ import os
 import sys
 import textwrap
 
-from voice_agent.testing.serving import start_server
+import aiohttp
+import pytest
+
+from voice_agent.testing.serving import start_server, wait_ready
 
 STARTS_A_SERVER = textwrap.dedent(
     """
@@ -76,3 +79,13 @@ async def test_another_builds_server_runs_in_its_interpreters_directory() -> Non
         process.kill()
         await process.wait()
     assert cwd == os.path.dirname(sys.executable)
+
+
+async def test_waiting_for_a_server_that_exited_fails_at_once() -> None:
+    """A server that cannot start (here: a flag value it refuses) is
+    reported as soon as it exits, not when the wait's timeout runs out."""
+    process, url = await start_server("--workers", "-1")
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(RuntimeError, match=r"exited \(2\) unready"):
+            await wait_ready(http, url, timeout_s=120)
+    assert await process.wait() == 2  # (the timeout would raise TimeoutError)

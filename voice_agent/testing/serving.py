@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import sys
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -18,6 +19,11 @@ import aiohttp
 from voice_agent.testing.ports import free_port
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Each server started here by its URL, so wait_ready can tell a server that
+# exited (a bad flag, a failed model) at once instead of at its timeout.
+_STARTED: weakref.WeakValueDictionary[str, asyncio.subprocess.Process] = (
+    weakref.WeakValueDictionary()
+)
 
 
 async def start_server(
@@ -58,7 +64,9 @@ async def start_server(
         process_group=0 if own_process_group else None,
         preexec_fn=before_exec,
     )
-    return process, f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}"
+    _STARTED[url] = process
+    return process, url
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -82,9 +90,13 @@ def _stop_with_parent() -> None:
 
 async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 180) -> None:
     """Until the server at ``url`` answers ``/readyz`` with 200 (its models
-    loaded), for at most ``timeout_s``."""
+    loaded), for at most ``timeout_s``; a server started by start_server
+    that exits first is an error at once."""
     async with asyncio.timeout(timeout_s):
         while True:
+            process = _STARTED.get(url)
+            if process is not None and process.returncode is not None:
+                raise RuntimeError(f"the server at {url} exited ({process.returncode}) unready")
             try:
                 async with http.get(url + "/readyz") as response:
                     if response.status == 200:
