@@ -1,14 +1,17 @@
 """Memory over many calls: does the server give back what each call took?
 
 Starts ``voice-agent serve`` (embedded models, ``--debug-endpoints``) in its
-own process, then runs M sequential calls and R rounds of 5 concurrent
-calls. Each call is short and real: an aiortc caller in its own client
-process (nice 10, as in bench/load.py), one spoken turn of a LibriVox
-recording, waiting for ``response.done``, then a hang-up. Every K calls,
-once the calls have ended, it samples the server: RSS of the server process
-and, separately, of its llama-server child; open fds; threads; and, from
-``/debug/memory``, asyncio tasks, live aiortc objects by type and glibc's
-heap (bytes in use vs. free but kept, arenas). It prints a table and the
+own process, laid out as the default service on two cores is: the front,
+one media worker (``--workers 1``; ``--server-arg=--workers=0`` for one
+process) and the llama-server child. Then it runs M sequential calls and R
+rounds of 5 concurrent calls. Each call is short and real: an aiortc caller
+in its own client process (nice 10, as in bench/load.py), one spoken turn
+of a LibriVox recording, waiting for ``response.done``, then a hang-up.
+Every K calls, once the calls have ended, it samples the service: the RSS
+of the front, of each media worker and of llama-server, each on its own;
+open fds and threads; and, from ``/debug/memory`` (the front's and each
+worker's), asyncio tasks, live aiortc objects by type and the front's
+glibc heap (bytes in use vs. free but kept, arenas). It prints a table and the
 growth after warm-up: RSS MB per 100 calls (least-squares slope) and each
 counter's change; then the object types and (with --tracemalloc) the
 allocating lines that grew most.
@@ -171,7 +174,8 @@ class Run:
                     pass
         print(
             f"[{time.strftime('%H:%M:%S')}] {phase} {self.calls} calls: "
-            f"RSS {taken.rss_mb:.0f} MB, child {taken.child_mb:.0f} MB, "
+            f"RSS {taken.rss_mb:.0f} MB, workers {' '.join(f'{w:.0f}' for w in taken.workers_mb)}"
+            f" MB, llama-server {taken.llm_mb:.0f} MB, "
             f"tasks {taken.tasks}, pcs {taken.objects['RTCPeerConnection']}",
             file=sys.stderr,
             flush=True,
@@ -199,13 +203,17 @@ def report(run: Run, wall_s: float) -> None:
         f"({run.calls} calls, {wall_s / 60:.0f} min), {allocator}{extras}\n"
     )
     heap = run.samples[-1].heap is not None
-    header = ["phase", "calls", "RSS MB", "anon MB", "child RSS MB"]
+    workers = len(run.samples[-1].workers_mb)
+    header = ["phase", "calls", "RSS MB", "anon MB"]
+    header += [f"worker {i} MB" for i in range(workers)] + ["llama-server MB"]
     header += ["heap used MB", "heap free MB", "arenas"] if heap else []
     header += ["fds", "threads", "tasks", *[short for _, short in OBJECTS]]
     rows = []
     for s in run.samples:
         row: list[object] = [
-            *(s.phase, s.calls, f"{s.rss_mb:.0f}", f"{s.anon_mb:.0f}", f"{s.child_mb:.0f}")
+            *(s.phase, s.calls, f"{s.rss_mb:.0f}", f"{s.anon_mb:.0f}"),
+            *(f"{mb:.0f}" for mb in s.workers_mb),
+            f"{s.llm_mb:.0f}",
         ]
         if heap and s.heap is not None:
             row += [
@@ -350,9 +358,9 @@ async def main() -> None:
     if args.tracemalloc:
         env["PYTHONTRACEMALLOC"] = str(args.tracemalloc)
     server, url = await start_server(
-        # One process: /debug/memory sees every call (the front of --workers
-        # has no calls of its own to count).
-        *("--debug-endpoints", "--workers", "0", "--offers-per-minute", "0"),
+        # Room for a round's calls while the last round's hang-ups reach the
+        # front; one media worker, as the default service here (capacity 5).
+        *("--debug-endpoints", "--workers", "1", "--offers-per-minute", "0"),
         *("--max-calls", str(2 * CONCURRENT)),
         *args.server_arg,
         env=env,

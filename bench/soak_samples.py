@@ -1,7 +1,8 @@
-"""What bench/soak.py samples of the server, from outside (/proc: RSS, its
-children's RSS, fds, threads) and inside (``/debug/memory``: asyncio tasks,
-live aiortc objects by type, glibc's heap), and the growth per 100 calls
-fitted to those samples."""
+"""What bench/soak.py samples of the server, from outside (/proc: RSS of
+the server, of each media worker and of the llama-server child; fds,
+threads) and inside (``/debug/memory``, the front's and each worker's:
+asyncio tasks, live aiortc objects by type, glibc's heap), and the growth
+per 100 calls fitted to those samples."""
 
 from __future__ import annotations
 
@@ -47,24 +48,30 @@ def children(pid: int) -> list[int]:
 class Sample:
     phase: str
     calls: int
-    rss_mb: float
+    rss_mb: float  # the server's process (the front, with media workers)
     anon_mb: float  # of rss_mb: heap and stacks, not mapped files (code, weights)
-    child_mb: float
+    llm_mb: float  # its other children: the embedded llama-server
+    workers_mb: list[float]  # each media worker's RSS, by index
+    # Summed over the server's process and its media workers:
     fds: int
     threads: int
     tasks: int
     objects: dict[str, int]
-    heap: dict[str, int] | None
-    types: dict[str, int] = field(default_factory=dict)
+    heap: dict[str, int] | None  # the server's process
+    types: dict[str, int] = field(default_factory=dict)  # every process's, summed
 
     def counters(self) -> dict[str, float]:
-        values: dict[str, float] = {
-            "server anon RSS MB": self.anon_mb,
-            "child RSS MB": self.child_mb,
-            "fds": self.fds,
-            "threads": self.threads,
-            "asyncio tasks": self.tasks,
-        }
+        values: dict[str, float] = {"server anon RSS MB": self.anon_mb}
+        for index, mb in enumerate(self.workers_mb):
+            values[f"worker {index} RSS MB"] = mb
+        values.update(
+            {
+                "llama-server RSS MB": self.llm_mb,
+                "fds": self.fds,
+                "threads": self.threads,
+                "asyncio tasks": self.tasks,
+            }
+        )
         if self.heap is not None:
             values["heap in use MB"] = self.heap["in_use_bytes"] / MB
             values["heap free MB"] = self.heap["free_bytes"] / MB
@@ -78,18 +85,31 @@ async def sample(
 ) -> Sample:
     async with http.get(url + "/debug/memory", params={"types": "1"} if types else {}) as r:
         inside = await r.json()
+    workers = inside.get("workers", [])
+    for worker in workers:
+        if "error" in worker:
+            raise RuntimeError(f"media worker {worker['index']}: {worker['error']}")
+    worker_pids = [int(w["pid"]) for w in workers]
+    others = [c for c in children(pid) if c not in worker_pids]
+    counted = [inside, *workers]
+    objects = {name: sum(c["objects"][name] for c in counted) for name in inside["objects"]}
+    summed_types: dict[str, int] = {}
+    for body in counted:
+        for name, count in body.get("types", {}).items():
+            summed_types[name] = summed_types.get(name, 0) + count
     return Sample(
         phase=phase,
         calls=calls,
         rss_mb=proc_status(pid, "VmRSS") / 1024,
         anon_mb=proc_status(pid, "RssAnon") / 1024,
-        child_mb=sum(proc_status(c, "VmRSS") for c in children(pid)) / 1024,
-        fds=len(os.listdir(f"/proc/{pid}/fd")),
-        threads=proc_status(pid, "Threads"),
-        tasks=inside["tasks"],
-        objects=inside["objects"],
+        llm_mb=sum(proc_status(c, "VmRSS") for c in others) / 1024,
+        workers_mb=[proc_status(w, "VmRSS") / 1024 for w in worker_pids],
+        fds=sum(len(os.listdir(f"/proc/{p}/fd")) for p in [pid, *worker_pids]),
+        threads=sum(proc_status(p, "Threads") for p in [pid, *worker_pids]),
+        tasks=sum(c["tasks"] for c in counted),
+        objects=objects,
         heap=inside["heap"],
-        types=inside.get("types", {}),
+        types=summed_types,
     )
 
 

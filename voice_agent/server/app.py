@@ -232,7 +232,7 @@ def build_app(
         app, InProcess(settings, engine, calls, call_id_prefix), trust_front=behind_front
     )
     if settings.debug_endpoints:
-        add_debug_routes(app, calls)
+        add_debug_routes(app, lambda: len(calls))
     add_shared_routes(app, settings, engine)
 
     async def on_shutdown(app: web.Application) -> None:

@@ -4,7 +4,9 @@ window into a running server for soak tests and leak hunts.
 ``GET /debug/memory`` counts what lives in the process: asyncio tasks,
 threads, calls, live aiortc/aioice objects and this server's own per-call
 objects, glibc's heap (in use vs. free but kept), and, with ``?types=1``,
-every gc-tracked object by type. ``POST /debug/malloc-trim`` gives glibc's
+every gc-tracked object by type. The front of ``--workers N`` adds each
+media worker's own counts (where its calls and their objects live), with
+its pid. ``POST /debug/malloc-trim`` gives glibc's
 free pages back (which tells a leak from the allocator keeping them).
 ``POST /debug/tracemalloc`` stores a snapshot (when the process runs with
 ``PYTHONTRACEMALLOC``) and ``GET /debug/tracemalloc`` diffs the heap against
@@ -22,6 +24,7 @@ import os
 import threading
 import tracemalloc
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aioice
@@ -41,7 +44,6 @@ from aiortc import (
 
 from voice_agent.memory import TRIMMER, heap_stats, trim_heap
 from voice_agent.rtc.call import Call
-from voice_agent.server.calls import CallRegistry
 from voice_agent.server.errors import error_response
 from voice_agent.session.reply import Reply
 from voice_agent.session.session import VoiceSession
@@ -91,22 +93,33 @@ def objects_by_type(objects: list[Any]) -> dict[str, int]:
     return dict(counts)
 
 
-def add_debug_routes(app: web.Application, calls: CallRegistry) -> None:
+# Each media worker's /debug/memory (``?types=1`` passed on), as the front reads them.
+WorkersMemory = Callable[[bool], Awaitable[list[dict[str, Any]]]]
+
+
+def add_debug_routes(
+    app: web.Application, count_calls: Callable[[], int], workers: WorkersMemory | None = None
+) -> None:
     async def memory(request: web.Request) -> web.StreamResponse:
+        types = bool(request.query.get("types"))
+        # The workers walk their own heaps meanwhile, in their processes.
+        theirs = asyncio.ensure_future(workers(types)) if workers is not None else None
         gc.collect()
         objects = gc.get_objects()
         body: dict[str, Any] = {
             "tasks": len(asyncio.all_tasks()),
             "threads": threading.active_count(),
-            "calls": len(calls),
+            "calls": count_calls(),
             "gc_objects": len(objects),
             "objects": live_objects(objects),
             "heap": heap_stats(),
             "trims_after_calls": TRIMMER.stats(),
         }
-        if request.query.get("types"):
+        if types:
             body["types"] = objects_by_type(objects)
         del objects
+        if theirs is not None:
+            body["workers"] = await theirs
         return web.json_response(body)
 
     async def snapshot(request: web.Request) -> web.StreamResponse:

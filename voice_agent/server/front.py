@@ -15,10 +15,13 @@ signaling (an offer, a DELETE) passes through here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import shutil
+from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from voice_agent.config import Settings
@@ -28,10 +31,11 @@ from voice_agent.server.app import add_shared_routes, new_app, new_runner
 from voice_agent.server.app_keys import ENGINE, LOOP_HEALTH, SHUTTING_DOWN
 from voice_agent.server.auth import AUTH
 from voice_agent.server.call_routes import add_call_routes
+from voice_agent.server.debug import add_debug_routes
 from voice_agent.server.place_in_workers import InWorkers
 from voice_agent.server.runtime_dir import make_runtime_dir, sweep_stale_runtime_dirs
 from voice_agent.server.speech_api import add_speech_routes
-from voice_agent.server.worker_pool import WorkerPool, media_workers
+from voice_agent.server.worker_pool import Worker, WorkerPool, media_workers
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,12 @@ def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web
     app[ENGINE] = engine
     pool.listeners.append(app[AUTH].on_call_change)
     add_call_routes(app, InWorkers(engine, pool))
+    if settings.debug_endpoints:  # each worker has its own; the front gathers them
+
+        async def workers_memory(types: bool) -> list[dict[str, Any]]:
+            return list(await asyncio.gather(*(_worker_memory(w, types) for w in pool.workers)))
+
+        add_debug_routes(app, lambda: pool.calls, workers_memory)
     add_shared_routes(app, settings, engine)
 
     async def on_shutdown(app: web.Application) -> None:
@@ -49,6 +59,25 @@ def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web
 
     app.on_shutdown.append(on_shutdown)
     return app
+
+
+async def _worker_memory(worker: Worker, types: bool) -> dict[str, Any]:
+    """A media worker's ``/debug/memory`` with its index and pid; a worker
+    that is down or does not answer gives its error instead."""
+    status = worker.status()
+    head = {"index": worker.index, "pid": status["pid"]}
+    if not worker.up or worker.http is None:
+        return {**head, "error": "down"}
+    try:
+        params = {"types": "1"} if types else {}
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with worker.http.get(
+            worker.base_url + "/debug/memory", params=params, timeout=timeout
+        ) as response:
+            response.raise_for_status()
+            return {**head, **await response.json()}
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return {**head, "error": str(exc) or type(exc).__name__}
 
 
 class FrontServer:
