@@ -53,7 +53,7 @@ class WorkersServer:
 @pytest_asyncio.fixture
 async def workers_server(http: aiohttp.ClientSession) -> AsyncIterator[WorkersServer]:
     process, url = await start_server(
-        "--workers", "2", "--max-calls", "3", "--drain-timeout-s", "1"
+        *("--workers", "2", "--max-calls", "3", "--drain-timeout-s", "1", "--debug-endpoints")
     )
     server = WorkersServer(process, url)
     try:
@@ -238,6 +238,46 @@ async def test_without_workers_set_the_capacity_chooses_them(
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             await process.wait()
+
+
+async def test_the_fronts_debug_counts_gather_each_workers_own(
+    workers_server: WorkersServer, http: aiohttp.ClientSession
+) -> None:
+    """bench/soak.py reads each process of the service through the front:
+    a call's objects live in its worker, and a worker that is down says so."""
+    server = workers_server
+    pids = [w["pid"] for w in (await server.json(http, "/readyz"))["workers"]]
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    owner = int(location(client).split("/")[-1].split("_")[1].removeprefix("w"))
+    during = await server.json(http, "/debug/memory?types=1")
+    assert during["calls"] == 1 and during["objects"]["Call"] == 0  # the front holds none
+    assert [w["pid"] for w in during["workers"]] == pids
+    for worker in during["workers"]:
+        assert worker["index"] in (0, 1)
+        mine = worker["index"] == owner
+        assert worker["calls"] == worker["objects"]["Call"] == int(mine), worker["index"]
+        assert worker["objects"]["RTCPeerConnection"] == int(mine)
+        assert worker["types"]["voice_agent.server.calls.CallRegistry"] == 1
+    await client.hangup(http)
+    async with asyncio.timeout(10):
+        while True:
+            if not (await server.json(http, "/debug/memory"))["calls"]:
+                break
+            await asyncio.sleep(0.1)  # the worker's call stream reaches the front
+    after = await server.json(http, "/debug/memory")
+    assert [w["objects"]["Call"] for w in after["workers"]] == [0, 0]
+
+    os.kill(pids[1], signal.SIGKILL)
+    async with asyncio.timeout(10):
+        while True:
+            if "error" in (await server.json(http, "/debug/memory"))["workers"][1]:
+                break
+            await asyncio.sleep(0.05)  # the supervisor sees it exit
+    gathered = await server.json(http, "/debug/memory")
+    assert gathered["workers"][1] == {"index": 1, "pid": pids[1], "error": "down"}
+    assert gathered["workers"][0]["objects"]["Call"] == 0
 
 
 async def test_sigterm_stops_the_front_every_worker_and_the_llm(
