@@ -102,8 +102,6 @@ def add_debug_routes(
 ) -> None:
     async def memory(request: web.Request) -> web.StreamResponse:
         types = bool(request.query.get("types"))
-        # The workers walk their own heaps meanwhile, in their processes.
-        theirs = asyncio.ensure_future(workers(types)) if workers is not None else None
         gc.collect()
         objects = gc.get_objects()
         body: dict[str, Any] = {
@@ -118,8 +116,8 @@ def add_debug_routes(
         if types:
             body["types"] = objects_by_type(objects)
         del objects
-        if theirs is not None:
-            body["workers"] = await theirs
+        if workers is not None:
+            body["workers"] = await workers(types)
         return web.json_response(body)
 
     async def snapshot(request: web.Request) -> web.StreamResponse:
