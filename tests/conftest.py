@@ -19,8 +19,9 @@ from aiohttp import web
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
-from voice_agent.server.app import CALLS, build_app
+from voice_agent.server.app import CALLS
 from voice_agent.server.calls import CallRegistry
+from voice_agent.server.in_process_app import build_app
 from voice_agent.testing import fake_models
 from voice_agent.testing.ports import free_port
 from voice_agent.testing.scripted_llm import (

@@ -22,12 +22,13 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import test_settings as settings_for_test
+from tests.test_signaling import mutate, real_offer
 from voice_agent.backends.llm.http_client import HttpLlmConfig
 from voice_agent.client import RealtimeClient
 from voice_agent.cpu import available_cores, media_workers_for
 from voice_agent.engine import SharedModelLinks
-from voice_agent.server.worker import WorkerConfig, WorkerLinks
 from voice_agent.server.worker_pool import same_code_interpreter
+from voice_agent.server.worker_protocol import WorkerConfig, WorkerLinks
 from voice_agent.testing.audio_data import heard_as_its_own, librivox, silence
 from voice_agent.testing.serving import start_server, wait_ready
 
@@ -278,6 +279,44 @@ async def test_the_fronts_debug_counts_gather_each_workers_own(
     gathered = await server.json(http, "/debug/memory")
     assert gathered["workers"][1] == {"index": 1, "pid": pids[1], "error": "down"}
     assert gathered["workers"][0]["objects"]["Call"] == 0
+
+
+def loaded_libraries(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+async def test_the_front_leaves_the_media_stack_to_its_workers(
+    workers_server: WorkersServer, http: aiohttp.ClientSession
+) -> None:
+    """The front only forwards offers: it never loads aiortc or PyAV (about
+    35 MB of a process), which its workers run every call on."""
+    server = workers_server
+    client = RealtimeClient(server.url)
+    await client.connect(http)  # an offer checked and forwarded, its call answered
+    await asyncio.wait_for(client.wait_for_type("session.created"), 10)
+    front = loaded_libraries(server.process.pid)
+    assert "/av.libs/" not in front and "/pylibsrtp/" not in front
+    for worker in (await server.json(http, "/readyz"))["workers"]:
+        mapped = loaded_libraries(worker["pid"])
+        assert "/av.libs/" in mapped and "/pylibsrtp/" in mapped
+    await client.hangup(http)
+
+    # An offer only aiortc's parser refuses: the worker refuses it, the
+    # front relays the refusal, and the worker's slot is free again.
+    pc, sdp = await real_offer()
+    await pc.close()
+    headers = {"Content-Type": "application/sdp"}
+    async with http.post(
+        server.url + CALLS, data=mutate(sdp, "a=rtcp:", "a=rtcp"), headers=headers
+    ) as refused:
+        assert refused.status == 400
+        assert (await refused.json())["error"]["code"] == "invalid_sdp"
+        assert "could not be parsed" in (await refused.json())["error"]["message"]
+    async with asyncio.timeout(10):
+        while True:
+            if (await server.json(http, "/readyz"))["load"] == 0:
+                break
+            await asyncio.sleep(0.1)  # the hang-up reaches the front
 
 
 async def test_sigterm_stops_the_front_every_worker_and_the_llm(

@@ -105,12 +105,20 @@ async def serve(settings: Settings) -> None:
     or the front, the models and N media workers.
     SIGTERM drains first (no new calls, live ones finish or hear the
     goodbye: ``server/drain.py``); SIGINT, or a second signal, stops now."""
-    from voice_agent.server.front import FrontServer
-    from voice_agent.server.single import SingleServer
     from voice_agent.server.worker_pool import media_workers
 
     workers = media_workers(settings)
-    server = FrontServer(settings) if workers > 0 else SingleServer(settings)
+    server: FrontServer | SingleServer
+    # Only the chosen server's code: the front never loads the media stack
+    # (aiortc, PyAV), which only the processes that handle calls need.
+    if workers > 0:
+        from voice_agent.server.front import FrontServer
+
+        server = FrontServer(settings)
+    else:
+        from voice_agent.server.single import SingleServer
+
+        server = SingleServer(settings)
     # /healthz answers while models load; /readyz and calls wait for them.
     await server.listen()
     log.info(

@@ -37,6 +37,7 @@ from aiortc.rtp import RtpPacket
 from voice_agent.audio.resample import StreamResampler
 from voice_agent.audio.timeline import AudioTimeline
 from voice_agent.rtc import dtmf
+from voice_agent.rtc.dtmf_events import EVENTS as KEYS
 from voice_agent.rtc.g711 import FrameEncoder, encoder_for
 from voice_agent.rtc.inbound import frame_to_mono_int16
 from voice_agent.rtc.opus import make_packet, opus_fec_asked
@@ -355,9 +356,7 @@ class RealtimeClient:
         for step in range(steps + 3):
             end = step >= steps
             duration = min(step + 1, steps) * 160
-            payload = bytes([dtmf.EVENTS.index(digit), 0x80 if end else 0]) + duration.to_bytes(
-                2, "big"
-            )
+            payload = bytes([KEYS.index(digit), 0x80 if end else 0]) + duration.to_bytes(2, "big")
             packet = RtpPacket(
                 payload_type=event.payloadType,
                 marker=int(step == 0),

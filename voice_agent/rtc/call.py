@@ -26,6 +26,7 @@ from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
     RTCDataChannel,
+    RTCIceServer,
     RTCPeerConnection,
     RTCRtpCodecParameters,
     RTCSessionDescription,
@@ -39,7 +40,7 @@ from voice_agent.rtc.call_core import CallCore
 from voice_agent.rtc.datachannel import contain_bad_messages
 from voice_agent.rtc.inbound import InboundAudioStopped, pump_inbound_audio
 from voice_agent.rtc.outbound import FRAME_MS
-from voice_agent.rtc.turn import server_ice_servers
+from voice_agent.rtc.turn import mint
 from voice_agent.session.session import Models, SessionConfig
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,24 @@ def restrict_host_addresses(addresses: list[str]) -> None:
         return [a for a in pinned if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
 
     aioice.ice.get_host_addresses = host_addresses
+
+
+def server_ice_servers(settings: Settings) -> list[RTCIceServer]:
+    """The server's own ICE servers for one new peer connection: the static
+    ``--ice-servers`` and, with ``--turn-secret``, the TURN servers with a
+    credential minted now (so none is older than the call)."""
+    servers = [
+        RTCIceServer(urls=url, username=settings.ice_username, credential=settings.ice_credential)
+        for url in settings.ice_servers
+    ]
+    urls = settings.server_turn_urls or settings.turn_urls
+    if settings.turn_secret is not None and urls:
+        minted = mint(settings.turn_secret, "voice-agent", settings.turn_ttl_s)
+        servers += [
+            RTCIceServer(urls=url, username=minted.username, credential=minted.credential)
+            for url in urls
+        ]
+    return servers
 
 
 def ice_configuration(settings: Settings) -> RTCConfiguration:

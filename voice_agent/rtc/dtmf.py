@@ -25,13 +25,13 @@ from aiortc.codecs import CODECS
 from aiortc.rtp import RtpPacket
 
 from voice_agent.rtc import internals
+from voice_agent.rtc.dtmf_events import EVENTS
 
 log = logging.getLogger(__name__)
 
 MIME_TYPE = "audio/telephone-event"
 # The payload type most phones use; an offer's own number wins in the answer.
 PAYLOAD_TYPE = 101
-EVENTS = "0123456789*#ABCD"  # RFC 4733 section 3.2: events 0-15
 
 DigitListener = Callable[[str], None]
 # A key press's two reports (an RTP event and a SIP INFO) arrive within this

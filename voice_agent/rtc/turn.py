@@ -10,6 +10,10 @@ computing the same HMAC. A leaked credential is good only until its expiry.
 coturn checks the expiry on every authenticated request (allocation,
 refresh, permissions), so a credential must outlast the call it carries:
 the settings refuse a ``--turn-ttl-s`` shorter than ``--max-call-duration-s``.
+
+Without aiortc: the front of media workers hands clients their
+credentials (``/v1/ice-servers``) and never loads the media stack; the
+peer connection's own ICE servers are ``rtc/call.py``'s.
 """
 
 from __future__ import annotations
@@ -21,8 +25,6 @@ import math
 import re
 import time
 from dataclasses import dataclass
-
-from aiortc import RTCIceServer
 
 from voice_agent.config import Settings
 
@@ -63,21 +65,3 @@ def client_ice_servers(settings: Settings, name: str) -> tuple[list[dict[str, ob
     turn = {"urls": list(settings.turn_urls), "username": minted.username}
     servers.append({**turn, "credential": minted.credential})
     return servers, minted.expires_at
-
-
-def server_ice_servers(settings: Settings) -> list[RTCIceServer]:
-    """The server's own ICE servers for one new peer connection: the static
-    ``--ice-servers`` and, with ``--turn-secret``, the TURN servers with a
-    credential minted now (so none is older than the call)."""
-    servers = [
-        RTCIceServer(urls=url, username=settings.ice_username, credential=settings.ice_credential)
-        for url in settings.ice_servers
-    ]
-    urls = settings.server_turn_urls or settings.turn_urls
-    if settings.turn_secret is not None and urls:
-        minted = mint(settings.turn_secret, "voice-agent", settings.turn_ttl_s)
-        servers += [
-            RTCIceServer(urls=url, username=minted.username, credential=minted.credential)
-            for url in urls
-        ]
-    return servers

@@ -1,10 +1,11 @@
 """The aiohttp application every server process that faces clients has
 (one process, the front of media workers, each worker): its middleware
-(trusted proxies, CORS, JSON errors, API keys), limits and state, the
+(trusted proxies, CORS, JSON errors, API keys), limits and state, and the
 routes that do not depend on where calls live (health, voices, the demo
-page, the SDK, client secrets, ICE servers, the LLM proxy), and the whole
-service in one process (``build_app``). The call endpoints are
-``server/call_routes.py``, over ``server/place.py``.
+page, the SDK, client secrets, ICE servers, the LLM proxy). The call
+endpoints are ``server/call_routes.py``, over ``server/place.py``; the
+whole service in one process is ``server/in_process_app.py``. Nothing
+here loads the media stack (aiortc, PyAV): the front never handles media.
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ from typing import Any
 
 from aiohttp import web
 
-from voice_agent.audio import echo as echo_cancellation
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
 from voice_agent.loop_health import LoopHealthMonitor
-from voice_agent.rtc import inline_decoding, opus_wideband
-from voice_agent.rtc.call import restrict_host_addresses
 from voice_agent.server.access import require_api_keys
 from voice_agent.server.admission import RETRY_AFTER_S, api_key_refusal
 from voice_agent.server.app_keys import (
@@ -34,16 +32,12 @@ from voice_agent.server.app_keys import (
     SHUTTING_DOWN,
 )
 from voice_agent.server.auth import AUTH, Authenticator, add_client_secrets_route
-from voice_agent.server.call_routes import CALLS_PATH, add_call_routes
-from voice_agent.server.calls import CallRegistry
-from voice_agent.server.debug import add_debug_routes
-from voice_agent.server.drain import DRAINING
+from voice_agent.server.call_routes import CALLS_PATH
 from voice_agent.server.errors import error_response
 from voice_agent.server.forwarded import trusted_proxies_middleware
 from voice_agent.server.ice_servers import add_ice_servers_route
 from voice_agent.server.limits import REQUEST_LIMITS, ClientRateLimiter
 from voice_agent.server.llm_proxy import ProxyLimits, add_llm_proxy
-from voice_agent.server.place_in_process import InProcess
 from voice_agent.server.sdk import add_sdk_routes, web_dir
 
 log = logging.getLogger(__name__)
@@ -51,12 +45,6 @@ log = logging.getLogger(__name__)
 WEB_DIR = web_dir()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def max_calls_of(settings: Settings, engine: Engine) -> int:
-    """This server's capacity: its own --max-calls, else the engine's
-    (measured from a turn's cost once the models are loaded)."""
-    return settings.max_calls if settings.max_calls is not None else engine.max_calls
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:
@@ -208,41 +196,6 @@ def add_shared_routes(app: web.Application, settings: Settings, engine: Engine) 
         add_sdk_routes(app, WEB_DIR)
 
 
-def build_app(
-    settings: Settings, engine: Engine, call_id_prefix: str = "rtc", behind_front: bool = False
-) -> web.Application:
-    """The whole service in this process; with ``--workers`` each media
-    worker runs one of these behind the front (``server/front.py``), which
-    has admitted every call it forwards."""
-    app = new_app(settings)
-    restrict_host_addresses(settings.ice_host_addresses)
-    inline_decoding.install()
-    if settings.input_opus_16k:
-        opus_wideband.available()  # finds and loads libopus now, not in a call's answer
-    if settings.echo_cancel != "off":
-        try:
-            echo_cancellation.preload()
-        except Exception:  # each call that needs it will say so
-            log.exception("echo cancellation unavailable")
-    app[ENGINE] = engine
-    calls = app[CALLS] = CallRegistry(max_calls_of(settings, engine))
-    app[DRAINING] = []
-    calls.listeners.append(app[AUTH].on_call_change)
-    add_call_routes(
-        app, InProcess(settings, engine, calls, call_id_prefix), trust_front=behind_front
-    )
-    if settings.debug_endpoints:
-        add_debug_routes(app, lambda: len(calls))
-    add_shared_routes(app, settings, engine)
-
-    async def on_shutdown(app: web.Application) -> None:
-        app[SHUTTING_DOWN].set()  # no new calls while the live ones are closed
-        await app[CALLS].close_all("server_shutdown")
-
-    app.on_shutdown.append(on_shutdown)
-    return app
-
-
 __all__ = [
     "CALLS",
     "CALLS_PATH",
@@ -250,7 +203,6 @@ __all__ = [
     "RETRY_AFTER_S",
     "SETTINGS",
     "add_shared_routes",
-    "build_app",
     "new_app",
     "new_runner",
 ]

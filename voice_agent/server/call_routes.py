@@ -9,14 +9,14 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from voice_agent.rtc.dtmf import EVENTS as KEYS
+from voice_agent.rtc.dtmf_events import EVENTS as KEYS
 from voice_agent.server.access import manager_refusal
 from voice_agent.server.admission import admitted
 from voice_agent.server.app_keys import PLACE, SETTINGS
 from voice_agent.server.auth import with_bound_session
 from voice_agent.server.caller_metadata import with_caller_metadata
 from voice_agent.server.errors import error_response
-from voice_agent.server.offers import read_offer
+from voice_agent.server.offers import Offer, read_offer
 from voice_agent.server.place import CallPlace
 from voice_agent.server.public_url import path_prefix
 from voice_agent.server.route_marks import checks_its_own_caller
@@ -33,7 +33,13 @@ async def create_call(request: web.Request) -> web.StreamResponse:
     Location, or the refusal. Bad offers are refused before anything is
     claimed for them."""
     place = request.app[PLACE]
-    async with admitted(request, place, "webrtc", read_offer) as admission:
+
+    async def read_and_check(request: web.Request) -> Offer:
+        offer = await read_offer(request)
+        place.check_offer(offer.sdp)
+        return offer
+
+    async with admitted(request, place, "webrtc", read_and_check) as admission:
         if isinstance(admission, web.Response):
             return admission
         offer = admission.body

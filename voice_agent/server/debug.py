@@ -21,56 +21,55 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import sys
 import threading
 import tracemalloc
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aioice
 from aiohttp import web
-from aiortc import (
-    MediaStreamTrack,
-    RTCDataChannel,
-    RTCDtlsTransport,
-    RTCIceGatherer,
-    RTCIceTransport,
-    RTCPeerConnection,
-    RTCRtpReceiver,
-    RTCRtpSender,
-    RTCRtpTransceiver,
-    RTCSctpTransport,
-)
 
 from voice_agent.memory import TRIMMER, heap_stats, trim_heap
-from voice_agent.rtc.call import Call
 from voice_agent.server.errors import error_response
-from voice_agent.session.reply import Reply
-from voice_agent.session.session import VoiceSession
 
-# Counted with isinstance: MediaStreamTrack covers its subclasses (ours and
-# aiortc's remote tracks), as each of them holds a call's buffers.
-TRACKED: dict[str, type] = {
-    "RTCPeerConnection": RTCPeerConnection,
-    "RTCIceGatherer": RTCIceGatherer,
-    "RTCIceTransport": RTCIceTransport,
-    "RTCDtlsTransport": RTCDtlsTransport,
-    "RTCSctpTransport": RTCSctpTransport,
-    "RTCDataChannel": RTCDataChannel,
-    "RTCRtpTransceiver": RTCRtpTransceiver,
-    "RTCRtpSender": RTCRtpSender,
-    "RTCRtpReceiver": RTCRtpReceiver,
-    "MediaStreamTrack": MediaStreamTrack,
-    "aioice.Connection": aioice.Connection,
-    "Call": Call,
-    "VoiceSession": VoiceSession,
-    "Reply": Reply,
+# Counted by class, each found in its module once that module is loaded:
+# a process that never loaded aiortc (the front of media workers) has
+# none of its objects, and counting them must not load it.
+# MediaStreamTrack covers its subclasses (ours and aiortc's remote
+# tracks), as each of them holds a call's buffers.
+TRACKED: dict[str, tuple[str, str]] = {
+    "RTCPeerConnection": ("aiortc", "RTCPeerConnection"),
+    "RTCIceGatherer": ("aiortc", "RTCIceGatherer"),
+    "RTCIceTransport": ("aiortc", "RTCIceTransport"),
+    "RTCDtlsTransport": ("aiortc", "RTCDtlsTransport"),
+    "RTCSctpTransport": ("aiortc", "RTCSctpTransport"),
+    "RTCDataChannel": ("aiortc", "RTCDataChannel"),
+    "RTCRtpTransceiver": ("aiortc", "RTCRtpTransceiver"),
+    "RTCRtpSender": ("aiortc", "RTCRtpSender"),
+    "RTCRtpReceiver": ("aiortc", "RTCRtpReceiver"),
+    "MediaStreamTrack": ("aiortc", "MediaStreamTrack"),
+    "aioice.Connection": ("aioice", "Connection"),
+    "Call": ("voice_agent.rtc.call", "Call"),
+    "VoiceSession": ("voice_agent.session.session", "VoiceSession"),
+    "Reply": ("voice_agent.session.reply", "Reply"),
 }
+
+
+def tracked_classes() -> dict[str, type | None]:
+    """Each tracked name's class, None where its module is not loaded."""
+    found: dict[str, type | None] = {}
+    for name, (module, attribute) in TRACKED.items():
+        loaded = sys.modules.get(module)
+        found[name] = getattr(loaded, attribute) if loaded is not None else None
+    return found
+
 
 BASELINE: web.AppKey[list[tracemalloc.Snapshot]] = web.AppKey("tracemalloc_baseline", list)
 
 
 def live_objects(objects: list[Any]) -> dict[str, int]:
+    classes = tracked_classes()
     counts = dict.fromkeys(TRACKED, 0)
     # By each type's MRO, not isinstance(): MediaStreamTrack is an ABC, and
     # isinstance() against it would cache every type in the process in its
@@ -81,7 +80,7 @@ def live_objects(objects: list[Any]) -> dict[str, int]:
         kind = type(obj)
         names = names_by_type.get(kind)
         if names is None:
-            names = [name for name, cls in TRACKED.items() if cls in kind.__mro__]
+            names = [name for name, cls in classes.items() if cls in kind.__mro__]
             names_by_type[kind] = names
         for name in names:
             counts[name] += 1

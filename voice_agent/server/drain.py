@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from voice_agent.server.app_keys import CALLS, SETTINGS, SHUTTING_DOWN
-from voice_agent.server.calls import Call, CallRegistry
+
+if TYPE_CHECKING:  # the calls' module loads the media stack; the front only forwards a drain
+    from voice_agent.server.calls import Call, CallRegistry
 
 log = logging.getLogger(__name__)
 

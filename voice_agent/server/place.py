@@ -82,6 +82,12 @@ class CallPlace(ABC):
         """A slot for a new call, or the 503 that refuses it."""
 
     @abstractmethod
+    def check_offer(self, sdp: str) -> None:
+        """Refuse (an ``OfferError``) an offer no call could be made from
+        here, before anything is claimed for it, beyond ``read_offer``'s
+        own checks of the text."""
+
+    @abstractmethod
     async def make_call(
         self, request: web.Request, admission: Admission[Any], offer: Offer
     ) -> web.StreamResponse:

@@ -21,6 +21,7 @@ from voice_agent.server.admission import Admission, server_full
 from voice_agent.server.call_routes import CALLS_PATH
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.errors import error_response
+from voice_agent.server.offer_sdp import check_parsed_offer
 from voice_agent.server.offers import Offer
 from voice_agent.server.place import CallPlace, LiveStats, Slot, Transport
 from voice_agent.server.public_url import call_location
@@ -90,6 +91,9 @@ class InProcess(CallPlace):
         return None  # ready with the models and the LLM
 
     # -- admission and calls ----------------------------------------------------
+    def check_offer(self, sdp: str) -> None:
+        check_parsed_offer(sdp)
+
     def reserve(self, transport: Transport) -> Slot | web.Response:
         if not self.registry.reserve():
             self.registry.refused_full += 1

@@ -124,6 +124,11 @@ class InWorkers(CallPlace):
         return None
 
     # -- admission and calls ----------------------------------------------------
+    def check_offer(self, sdp: str) -> None:
+        """Nothing more here: the worker that makes the call parses the
+        offer and refuses it (relayed as it is), so the front never loads
+        the media stack."""
+
     def reserve(self, transport: Transport) -> Slot | web.Response:
         pool = self.pool
         worker = pool.reserve()

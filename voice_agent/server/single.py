@@ -6,9 +6,10 @@ from aiohttp import web
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine
-from voice_agent.server.app import build_app, max_calls_of, new_runner
+from voice_agent.server.app import new_runner
 from voice_agent.server.app_keys import CALLS, LOOP_HEALTH
 from voice_agent.server.drain import drain_app, stop_draining
+from voice_agent.server.in_process_app import build_app, max_calls_of
 
 
 class SingleServer:

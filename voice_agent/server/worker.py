@@ -30,45 +30,23 @@ import json
 import logging
 import signal
 import sys
-from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
 from voice_agent.config import Settings
 from voice_agent.engine import Engine, SharedModelLinks
 from voice_agent.model_loading import LocalModels, load_local_models, prepare_process
-from voice_agent.server.app import build_app, new_runner
+from voice_agent.server.app import new_runner
 from voice_agent.server.app_keys import CALLS, LOOP_HEALTH
 from voice_agent.server.drain import DRAIN_PATH, drain_app, drain_route, stop_draining
+from voice_agent.server.in_process_app import build_app
+from voice_agent.server.worker_protocol import EVENTS_PATH, WorkerConfig, WorkerLinks
 
 log = logging.getLogger("voice_agent.server.worker")  # run as __main__
 
-EVENTS_PATH = "/internal/calls/events"
 # Call starts and ends, not frames: a parent this far behind has lost track,
 # so the stream ends and the parent subscribes again for a fresh snapshot.
 MAX_PENDING_EVENTS = 1024
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """The first line: this worker's index, its socket and the settings."""
-
-    index: int
-    socket: str
-    settings: dict[str, Any]
-
-    def call_id_prefix(self) -> str:
-        return f"rtc_w{self.index}"
-
-
-@dataclass(frozen=True)
-class WorkerLinks:
-    """The second line: the parent's models (``SharedModelLinks``' fields)
-    and the capacity measured with them, each worker's own limit too."""
-
-    links: dict[str, Any]
-    max_calls: int
 
 
 async def call_events(request: web.Request) -> web.StreamResponse:

@@ -29,7 +29,7 @@ from voice_agent.config import Settings
 from voice_agent.cpu import available_cores, default_max_calls, media_workers_for
 from voice_agent.engine import SharedModelLinks
 from voice_agent.server.drain import DRAIN_PATH, GOODBYE_LIMIT_S
-from voice_agent.server.worker import EVENTS_PATH, WorkerConfig, WorkerLinks
+from voice_agent.server.worker_protocol import EVENTS_PATH, WorkerConfig, WorkerLinks
 
 log = logging.getLogger(__name__)
 
