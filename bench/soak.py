@@ -11,7 +11,9 @@ Every K calls, once the calls have ended, it samples the service: the RSS
 of the front, of each media worker and of llama-server, each on its own;
 open fds and threads; and, from ``/debug/memory`` (the front's and each
 worker's), asyncio tasks, live aiortc objects by type and the front's
-glibc heap (bytes in use vs. free but kept, arenas). It prints a table and the
+glibc heap (bytes in use vs. free but kept, arenas). After the calls it
+waits ``--quiet-s`` (35 s) without one and samples once more: what the
+service gives back once idle (Piper's arenas, after 30 s). It prints a table and the
 growth after warm-up: RSS MB per 100 calls (least-squares slope) and each
 counter's change; then the object types and (with --tracemalloc) the
 allocating lines that grew most.
@@ -286,6 +288,25 @@ def report(run: Run, wall_s: float) -> None:
         )
 
 
+async def after_quiet(run: Run, quiet_s: float) -> None:
+    """One more sample after ``quiet_s`` without a call: a step that stays
+    while calls come (an arena's high-water mark) and goes once they stop
+    is not a leak."""
+    last = run.samples[-1]
+    await asyncio.sleep(quiet_s)  # the quiet itself is what is measured
+    quiet = await sample(run.http, run.url, run.pid, "quiet", run.calls, False)
+    pairs = [("server RSS MB", last.rss_mb, quiet.rss_mb)]
+    for index, (before, after) in enumerate(zip(last.workers_mb, quiet.workers_mb, strict=True)):
+        pairs.append((f"worker {index} RSS MB", before, after))
+    pairs.append(("llama-server RSS MB", last.llm_mb, quiet.llm_mb))
+    if last.heap is not None and quiet.heap is not None:
+        in_use = (last.heap["in_use_bytes"] / MB, quiet.heap["in_use_bytes"] / MB)
+        pairs.append(("heap in use MB", *in_use))
+    rows = [[name, f"{b:.0f}", f"{a:.0f}", f"{a - b:+.0f}"] for name, b, a in pairs]
+    print(f"\nAfter {quiet_s:.0f} s without a call:\n")
+    print(table(rows, ["", "last sample", "after the quiet", "change"]))
+
+
 async def closing_notes(http: aiohttp.ClientSession, url: str) -> None:
     """Outbound pacing over the run, the service's own trims, and how much of
     the RSS is free heap glibc kept (given back once, at the end)."""
@@ -335,6 +356,13 @@ async def main() -> None:
     parser.add_argument("--every", type=int, default=50, help="sample every K calls")
     parser.add_argument("--warmup", type=int, default=50, help="calls before the baseline")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds before a sample")
+    parser.add_argument(
+        "--quiet-s",
+        type=float,
+        default=35.0,
+        help="after the calls, this long without one, then a last sample (0 = none): what "
+        "the service gives back once idle (Piper's arenas after 30 s)",
+    )
     parser.add_argument("--jemalloc", action="store_true", help=f"LD_PRELOAD {JEMALLOC}")
     parser.add_argument(
         "--tracemalloc", type=int, default=0, help="server PYTHONTRACEMALLOC frames (0 = off)"
@@ -377,6 +405,8 @@ async def main() -> None:
             await run.concurrent(args.rounds)
             wall = time.monotonic() - started
             report(run, wall)
+            if args.quiet_s > 0:
+                await after_quiet(run, args.quiet_s)
             await closing_notes(http, url)
             if args.tracemalloc and run.baseline is not None:
                 await tracemalloc_report(http, url)
