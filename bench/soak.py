@@ -1,9 +1,9 @@
 """Memory over many calls: does the server give back what each call took?
 
 Starts ``voice-agent serve`` (embedded models, ``--debug-endpoints``) in its
-own process, laid out as the default service on two cores is: the front,
-one media worker (``--workers 1``; ``--server-arg=--workers=0`` for one
-process) and the llama-server child. Then it runs M sequential calls and R
+own process, laid out as a 2-core host with a capacity of 5 calls runs it:
+the front, one media worker (``--workers 1``; ``--server-arg=--workers=0``
+for one process) and the llama-server child. Then it runs M sequential calls and R
 rounds of 5 concurrent calls. Each call is short and real: an aiortc caller
 in its own client process (nice 10, as in bench/load.py), one spoken turn
 of a LibriVox recording, waiting for ``response.done``, then a hang-up.
@@ -13,8 +13,8 @@ open fds and threads; and, from ``/debug/memory`` (the front's and each
 worker's), asyncio tasks, live aiortc objects by type and the front's
 glibc heap (bytes in use vs. free but kept, arenas). After the calls it
 waits ``--quiet-s`` (35 s) without one and samples once more: what the
-service gives back once idle (Piper's arenas, after 30 s). It prints a table and the
-growth after warm-up: RSS MB per 100 calls (least-squares slope) and each
+service gives back once idle (Piper's arenas, after 30 s). It prints a
+table and the growth after warm-up: RSS MB per 100 calls (least-squares slope) and each
 counter's change; then the object types and (with --tracemalloc) the
 allocating lines that grew most.
 
@@ -387,7 +387,7 @@ async def main() -> None:
         env["PYTHONTRACEMALLOC"] = str(args.tracemalloc)
     server, url = await start_server(
         # Room for a round's calls while the last round's hang-ups reach the
-        # front; one media worker, as the default service here (capacity 5).
+        # front; one media worker, as at a capacity of 5 calls.
         *("--debug-endpoints", "--workers", "1", "--offers-per-minute", "0"),
         *("--max-calls", str(2 * CONCURRENT)),
         *args.server_arg,

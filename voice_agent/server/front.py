@@ -64,8 +64,7 @@ def build_front_app(settings: Settings, engine: Engine, pool: WorkerPool) -> web
 async def _worker_memory(worker: Worker, types: bool) -> dict[str, Any]:
     """A media worker's ``/debug/memory`` with its index and pid; a worker
     that is down or does not answer gives its error instead."""
-    status = worker.status()
-    head = {"index": worker.index, "pid": status["pid"]}
+    head = {"index": worker.index, "pid": worker.process.pid if worker.process else None}
     if not worker.up or worker.http is None:
         return {**head, "error": "down"}
     try:
