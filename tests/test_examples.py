@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import ServerFactory
+from voice_agent.server.sdk import SDK_FILES
 from voice_agent.testing.audio_data import librivox
 
 ROOT = Path(__file__).resolve().parents[1]
+SDK_MODULES = [name for name in SDK_FILES if name.endswith(".js")]
 EXAMPLES = ROOT / "examples"
 ESBUILD = ROOT / "tests/web/agents-sdk/node_modules/.bin/esbuild"
 
@@ -44,6 +46,9 @@ def test_the_sdk_package_holds_the_module_and_its_types(sdk_tarball: Path) -> No
     listing = run("tar", "tzf", str(sdk_tarball), cwd=sdk_tarball.parent).split()
     assert sorted(listing) == [
         "package/package.json",
+        "package/voice-agent-errors.js",
+        "package/voice-agent-events.js",
+        "package/voice-agent-media.js",
         "package/voice-agent.d.ts",
         "package/voice-agent.js",
     ]
@@ -68,8 +73,9 @@ def test_a_web_app_imports_and_bundles_the_sdk_package(sdk_tarball: Path, tmp_pa
     installed = app / "node_modules/voice-agent-sdk"
     manifest = json.loads((installed / "package.json").read_text())
     assert (installed / manifest["types"]).is_file()
-    # The same module the service serves at /sdk/voice-agent.js.
-    assert (installed / "voice-agent.js").read_bytes() == (ROOT / "web/voice-agent.js").read_bytes()
+    # The same modules the service serves at /sdk/.
+    for module in SDK_MODULES:
+        assert (installed / module).read_bytes() == (ROOT / "web" / module).read_bytes(), module
     if not ESBUILD.exists():
         pytest.skip("esbuild comes with the agents-sdk test packages (make agents-sdk)")
     run(str(ESBUILD), "main.js", "--bundle", "--format=esm", "--outfile=dist/main.js", cwd=app)

@@ -16,11 +16,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from voice_agent.server.sdk import SDK_FILES
 from voice_agent.testing.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
+SDK_MODULES = [name for name in SDK_FILES if name.endswith(".js")]
 # What a build reads; copied, so the build's own folders stay out of the checkout.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "voice_agent", "web")
 
@@ -46,7 +48,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_carries_the_page_and_the_sdk(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("index.html", "app.js", "voice-agent.js", "voice-agent.d.ts"):
+    for name in ("index.html", "app.js", "voice-agent.d.ts", *SDK_MODULES):
         assert f"voice_agent/web/{name}" in names, sorted(names)
     assert not [n for n in names if n.startswith("voice_agent/testing/")]  # checkout only
 

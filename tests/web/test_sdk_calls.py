@@ -89,6 +89,13 @@ async def test_the_sdk_is_served_as_a_module_with_cors(
         assert response.headers["Content-Type"] == "text/javascript; charset=utf-8"
         assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
         assert "export async function connect" in await response.text()
+    # The modules it imports, beside it: each served as a module to the same origins.
+    for name in ("voice-agent-events.js", "voice-agent-media.js", "voice-agent-errors.js"):
+        async with http.get(f"{server.url}/sdk/{name}", headers=origin) as response:
+            assert response.status == 200, name
+            assert response.headers["Content-Type"] == "text/javascript; charset=utf-8"
+            assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
+            assert "export " in await response.text()
     async with http.get(server.url + "/sdk/voice-agent.d.ts") as response:
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("application/typescript")

@@ -1,6 +1,8 @@
 """The browser SDK at a stable path, for pages on any allowed origin.
 
-``/sdk/voice-agent.js`` is an ES module; browsers import modules across
+``/sdk/voice-agent.js`` is an ES module that imports its three companions
+beside it (relative imports, so they resolve under ``/sdk/`` wherever the
+SDK is served from); browsers import modules across
 origins in CORS mode, so the CORS middleware's allow-list decides which
 origins may use it. Content types are fixed here rather than guessed from the
 extension: ``.d.ts`` would otherwise be served as a Qt translation file.
@@ -13,8 +15,12 @@ from pathlib import Path
 from aiohttp import web
 
 SDK_PATH = "/sdk"
+JS = "text/javascript; charset=utf-8"
 SDK_FILES = {
-    "voice-agent.js": "text/javascript; charset=utf-8",
+    "voice-agent.js": JS,
+    "voice-agent-events.js": JS,
+    "voice-agent-media.js": JS,
+    "voice-agent-errors.js": JS,
     "voice-agent.d.ts": "application/typescript; charset=utf-8",
 }
 
