@@ -125,8 +125,10 @@ class LlmSettings(BaseModel):
         default_factory=lambda: default_threads(8),
         ge=1,
         description="Embedded llama.cpp generation threads (default: the available cores, at "
-        "most 8). On 2 cores, 1 thread was faster on an Intel Xeon and slower on an AMD EPYC "
-        "(docs/measurements.md, the generation-threads lever): measure before changing it.",
+        "most 8). On 2 cores, 1 thread was faster on an Intel Xeon and slower on an AMD EPYC; "
+        "on another AMD EPYC it used less CPU alone but made no difference with 5 or 10 "
+        "callers (docs/measurements.md, the generation-threads lever): measure before "
+        "changing it.",
     )
     llama_batch_threads: int | None = Field(
         None,
