@@ -233,7 +233,13 @@ async def test_every_endpoint_but_the_probes_and_the_page_needs_a_key(
     # its errors, the load) only with a key.
     assert set(await get(http, server, "/readyz", None)) == {"status", "ready"}
     assert "llm" in await get(http, server, "/readyz", KEY)
-    for path in ("/healthz", "/v1/voices", "/", "/sdk/voice-agent.js"):
+    for path in (
+        "/healthz",
+        "/v1/voices",
+        "/",
+        "/sdk/voice-agent.js",
+        "/sdk/voice-agent-events.js",
+    ):
         async with http.get(server.url + path) as response:
             assert response.status == 200, path
     # A bearer token beyond ASCII is a wrong key, not a crash.
