@@ -38,7 +38,7 @@ class ServerSettings(BaseModel):
         ge=1,
         description="Capacity: concurrent calls before answering 503 with Retry-After "
         "(default: from the CPU one turn's work takes on this host, measured at the first "
-        "start and cached; docs/operations.md).",
+        "start and cached; docs/deploying.md, sizing).",
     )
     workers: int | None = Field(
         None,
