@@ -350,7 +350,17 @@ async def test_the_front_authenticates_and_a_secret_binds_the_session_on_the_wor
         body = {"session": {"instructions": "Answer in French."}}
         async with http.post(url + "/v1/realtime/client_secrets", json=body, headers=headers) as r:
             secret = (await r.json())["value"]
-        client = RealtimeClient(url, token=secret)
+        # An offer only the worker's aiortc parse refuses: the front has spent
+        # the secret by then, and gives it back with the refusal.
+        pc, sdp = await real_offer()
+        await pc.close()
+        bad = {"Content-Type": "application/sdp", "Authorization": f"Bearer {secret}"}
+        async with http.post(
+            url + CALLS, data=mutate(sdp, "a=rtcp:", "a=rtcp"), headers=bad
+        ) as refused:
+            assert refused.status == 400
+            assert (await refused.json())["error"]["code"] == "invalid_sdp"
+        client = RealtimeClient(url, token=secret)  # the same secret, a good offer
         await client.connect(http)
         created = await asyncio.wait_for(client.wait_for_type("session.created"), 10)
         assert created["session"]["instructions"] == "Answer in French."
@@ -359,6 +369,11 @@ async def test_the_front_authenticates_and_a_secret_binds_the_session_on_the_wor
         assert stats["auth"]["refused"]["unauthorized"] == 1
         assert sum(stats["auth"]["calls_by_key"].values()) == 1
         await client.hangup(http)
+        # A call made used it up.
+        again = RealtimeClient(url, token=secret)
+        with pytest.raises(RuntimeError, match="401"):
+            await again.connect(http)
+        await again.hangup()
     finally:
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):

@@ -5,8 +5,11 @@ offers and WebSocket sessions alike) goes through ``admitted``, which makes
 the checks in order: the client address's offer rate, who is calling, the
 request's body, the models and the LLM, the caller's key's calls (a slot of
 the key is claimed), a free slot where calls live (claimed), and only then
-the client secret is spent (so a refusal before it leaves the secret good
-for a retry). Whatever was claimed is given back unless the call is made.
+the client secret is spent. Whatever was claimed, the secret included, is
+given back unless the call is made: a single-use secret is used up by a
+call, not by a refusal (in front of media workers the offer's full parse
+is the worker's, after the spend) or a failed start, so the caller can
+retry with it.
 """
 
 from __future__ import annotations
@@ -76,9 +79,9 @@ def api_key_refusal(request: web.Request) -> web.Response | None:
 
 
 def secret_spent(request: web.Request, caller: Caller | None) -> web.Response | None:
-    """Spend the caller's client secret, now that its call has a slot (a
-    refusal before this leaves it good for a retry): a 401 if the same
-    secret was spent meanwhile."""
+    """Spend the caller's client secret, now that its call has a slot
+    (given back if the call is not made): a 401 if the same secret was
+    spent meanwhile."""
     auth = request.app[AUTH]
     if auth.secrets.spend(caller):
         return None
@@ -122,13 +125,15 @@ def server_full(max_calls: int) -> web.Response:
 @dataclass
 class _Claims:
     """What an admission holds so far: a slot of the caller's key (with
-    ``key_claimed``) and a slot where calls live; both given back by
-    ``settle`` unless the call was made."""
+    ``key_claimed``), a slot where calls live and the caller's client
+    secret (``secret_spent``); all given back by ``settle`` unless the call
+    was made."""
 
     auth: Authenticator
     caller: Caller | None = None
     key_claimed: bool = False
     slot: Slot | None = None
+    secret_spent: bool = False
     call_id: str | None = None
 
     def made(self, call_id: str) -> None:
@@ -145,6 +150,8 @@ class _Claims:
             self.slot.release()
         if self.key_claimed:
             self.auth.release_call(self.caller)
+        if self.secret_spent:
+            self.auth.secrets.give_back(self.caller)
 
 
 @dataclass
@@ -223,4 +230,5 @@ async def _admit(
     claims.slot = slot
     if (refused := secret_spent(request, claims.caller)) is not None:
         return refused
+    claims.secret_spent = True
     return Admission(claims.caller, body, claims)

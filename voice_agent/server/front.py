@@ -7,8 +7,9 @@ models (STT and TTS served to the workers on a private Unix socket by
 ``server/speech_api.py``, the embedded LLM as a supervised child), readiness
 and the aggregated stats. Its call endpoints are the single process's
 (``server/call_routes.py``) over the workers (``server/place_in_workers.py``):
-an offer is validated here, then forwarded to the least-loaded worker,
-which creates the peer connection; from then on media and data-channel
+an offer's text is checked and its call admitted here, then it is
+forwarded to the least-loaded worker, which parses it as aiortc will
+(relaying any refusal) and creates the peer connection; from then on media and data-channel
 events flow between the client and that worker directly, and only
 signaling (an offer, a DELETE) passes through here.
 """

@@ -1,5 +1,6 @@
 """An offer's SDP as aiortc reads it: refused (400) where a peer connection
-could not be made from it, before anything is claimed for the call.
+could not be made from it, before the process that checks it claims
+anything for the call.
 
 Apart from ``server/offers.py`` because it loads aiortc: only a process
 that makes calls itself checks this (one process, or a media worker);

@@ -2,8 +2,10 @@
 configuration) from either body form OpenAI's clients send, refused with
 the right status (413, 415, 400) before any peer connection exists, so
 bad input leaves nothing behind. The checks here read the text alone;
-the process that makes the call parses it as aiortc will, before
-anything is claimed for it (``server/offer_sdp.py``)."""
+the process that makes the call parses it as aiortc will
+(``server/offer_sdp.py``): in one process before anything is claimed for
+it; in front of media workers in the worker, after the front's admission,
+whose claims a refusal gives back."""
 
 from __future__ import annotations
 

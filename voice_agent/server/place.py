@@ -85,7 +85,8 @@ class CallPlace(ABC):
     def check_offer(self, sdp: str) -> None:
         """Refuse (an ``OfferError``) an offer no call could be made from
         here, before anything is claimed for it, beyond ``read_offer``'s
-        own checks of the text."""
+        own checks of the text (a place that cannot parse it here lets its
+        call's maker refuse it, and the admission gives its claims back)."""
 
     @abstractmethod
     async def make_call(

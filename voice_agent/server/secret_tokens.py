@@ -107,6 +107,13 @@ class ClientSecrets:
         self._spent[caller.nonce] = caller.expires_at
         return True
 
+    def give_back(self, caller: Caller | None) -> None:
+        """The call ``spend`` admitted was not made (refused where it was
+        to live, failed, or the client left): its secret is good again
+        until it expires, as after a refusal before the spend."""
+        if caller is not None and caller.nonce is not None:
+            self._spent.pop(caller.nonce, None)
+
     def mint(self, caller: Caller, ttl_s: float, session: dict[str, Any] | None) -> dict[str, Any]:
         """A new single-use secret, bound to ``session``, signed for the
         caller's key."""
