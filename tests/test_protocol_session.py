@@ -170,6 +170,10 @@ REFUSED = [
         {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}},
         "session.audio.input.turn_detection.eagerness",
     ),
+    (  # not a string: refused as a value, not a TypeError looking it up
+        {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": ["low"]}}}},
+        "session.audio.input.turn_detection.eagerness",
+    ),
     (
         {
             "audio": {

@@ -145,12 +145,31 @@ async def test_a_websocket_without_a_key_is_refused_before_the_upgrade(
         assert created["type"] == "session.created"
 
 
+@pytest.mark.parametrize(
+    ("session", "code", "param"),
+    [
+        ({"instructions": 5}, "invalid_type", "session.instructions"),
+        (
+            {
+                "audio": {
+                    "input": {"turn_detection": {"type": "semantic_vad", "eagerness": ["low"]}}
+                }
+            },
+            "invalid_value",
+            "session.audio.input.turn_detection.eagerness",
+        ),
+    ],
+)
 async def test_a_secret_bound_to_a_bad_session_gets_a_whole_error_event_and_no_call(
-    server_factory: ServerFactory, http: aiohttp.ClientSession
+    server_factory: ServerFactory,
+    http: aiohttp.ClientSession,
+    session: dict[str, object],
+    code: str,
+    param: str,
 ) -> None:
     key = "sk-ws-test-01234567"
     server = await server_factory(auth="required", api_keys=[key])
-    body = {"session": {"instructions": 5}}  # minted as given: checked when it is used
+    body = {"session": session}  # minted as given: checked when it is used
     headers = {"Authorization": f"Bearer {key}"}
     async with http.post(
         server.url + "/v1/realtime/client_secrets", json=body, headers=headers
@@ -162,7 +181,8 @@ async def test_a_secret_bound_to_a_bad_session_gets_a_whole_error_event_and_no_c
         (refused,) = await events_until(ws, "error", 10)
         # The shape every error event has: its own id, and a code and param to act on.
         assert refused["event_id"].startswith("event_")
-        assert refused["error"]["code"] == "invalid_type"
-        assert refused["error"]["param"] == "session.instructions"
+        assert refused["error"]["code"] == code
+        assert refused["error"]["param"] == param
         assert (await ws.receive()).type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    # No call is left holding a slot.
     await asyncio.wait_for(server.calls.wait_for_count(0), 5)

@@ -235,7 +235,8 @@ def parse_turn_detection(value: Any, where: str, defaults: TurnDetection) -> Tur
     if kind == "semantic_vad":
         check_keys(given, _SEMANTIC_VAD_KEYS, where)
         eagerness = given.get("eagerness") or "auto"
-        if eagerness not in EAGERNESS_SILENCE_MS:
+        # Checked as a string first: a list or an object is not a key to look up.
+        if not isinstance(eagerness, str) or eagerness not in EAGERNESS_SILENCE_MS:
             raise ClientEventError(
                 "invalid_value",
                 "eagerness must be one of low, medium, high, auto",

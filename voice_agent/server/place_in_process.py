@@ -172,14 +172,20 @@ class InProcess(CallPlace):
         )
         admission.made(call.id)
         calls.add(call)
-        if session is not None:
-            try:
-                call.protocol.apply_session_config(session)
-            except ClientEventError as exc:
-                refusal = error_event("invalid_request_error", exc.code, str(exc), exc.param)
-                await ws.send_json({"event_id": new_id("event"), **refusal})
-                await call.close("bad_session")
-                return ws
+        # Until run() (whose own finally ends it), whatever goes wrong ends
+        # the call here: registered, it would otherwise hold its slot.
+        try:
+            if session is not None:
+                try:
+                    call.protocol.apply_session_config(session)
+                except ClientEventError as exc:
+                    refusal = error_event("invalid_request_error", exc.code, str(exc), exc.param)
+                    await ws.send_json({"event_id": new_id("event"), **refusal})
+                    await call.close("bad_session")
+                    return ws
+        except BaseException:
+            await call.close("internal_error")  # shielded: runs to its end
+            raise
         log.info("websocket call created", extra={"call_id": call.id, "calls": len(calls)})
         await call.run()
         return ws
