@@ -5,12 +5,14 @@ the session as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import pytest
 
 from tests.test_protocol_tools import Wire, wire
+from voice_agent.realtime.errors import ClientEventError
 from voice_agent.realtime.session_config import EAGERNESS_SILENCE_MS
 from voice_agent.session.input import TurnDetection
 
@@ -222,3 +224,35 @@ async def test_a_voice_it_does_not_have_is_refused_naming_the_one_it_has(wire: W
     (error,) = sent
     assert error["error"]["code"] == "invalid_value"
     assert "'marin'" in error["error"]["message"] and "'joe'" in error["error"]["message"]
+
+
+def _with_each_leaf_replaced(value: Any, wrong: Any) -> list[Any]:
+    """Copies of ``value``, each with one of its leaves (or one whole
+    object or list) replaced by ``wrong``."""
+    copies: list[Any] = [wrong]
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            copies += [
+                {**value, key: changed} for changed in _with_each_leaf_replaced(inner, wrong)
+            ]
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            for changed in _with_each_leaf_replaced(inner, wrong):
+                copies.append([*value[:index], changed, *value[index + 1 :]])
+    return copies
+
+
+@pytest.mark.parametrize("wrong", [["low"], {"a": 1}, 7, -1.5, True, "zzz", ""])
+async def test_a_session_with_any_value_of_a_wrong_type_is_refused_not_crashed(
+    wire: Wire, wrong: Any
+) -> None:
+    """The path a session bound to a client secret takes: whatever a value
+    is, the session is applied or refused with a ClientEventError (which
+    the caller hears as an error event), never another exception."""
+    protocol, _ = wire
+    full = {**AGENTS_SDK_SESSION, "max_output_tokens": 100}
+    for session in _with_each_leaf_replaced(full, wrong):
+        if not isinstance(session, dict):
+            continue
+        with contextlib.suppress(ClientEventError):
+            protocol.apply_session_config(session)
