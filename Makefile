@@ -13,7 +13,7 @@ LLAMA_CPP := llama-cpp-python==$(LLAMA_VERSION)
 # The embedded LLM's build flags. The default is portable: x86-64-v3
 # (AVX2, FMA, F16C, BMI2; every x86-64 CPU since about 2013-2015), never
 # -march=native, never AVX-512 or AMX. ggml's AMX path crashes on its first
-# decode on Intel CPUs that have AMX (llama.cpp issue 20824), and a native
+# decode on Intel CPUs that have AMX, and a native
 # build made on one machine can die with SIGILL on another (a copied
 # checkout, an image built elsewhere). For a build tuned to this machine only:
 #   make LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON" run

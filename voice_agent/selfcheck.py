@@ -193,7 +193,7 @@ def check_llama_build(system_info: str | None) -> str:
         )
     if "AMX_INT8" in built:
         raise CheckFailed(
-            "built with AMX, whose path crashes on its first decode (llama.cpp issue 20824)",
+            "built with AMX, whose path crashes on its first decode",
             REBUILD_HINT,
         )
     shown = " ".join(sorted(built)) or "baseline x86-64"

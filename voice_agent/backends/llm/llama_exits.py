@@ -61,7 +61,7 @@ def what_to_try(exit: ChildExit) -> str:
     if exit.signal_name in ("SIGSEGV", "SIGBUS", "SIGABRT"):
         return (
             "a llama.cpp build that does not fit this CPU crashes like this (ggml's AMX path on "
-            "Intel CPUs with AMX, llama.cpp issue 20824): " + REBUILD + " (never GGML_NATIVE=ON "
+            "Intel CPUs with AMX): " + REBUILD + " (never GGML_NATIVE=ON "
             "or GGML_AMX_*=ON on such a CPU), " + common
         )
     return "check the model file (--llama-model-path) and the output above, " + common
