@@ -25,7 +25,8 @@ from voice_agent.testing.ports import free_port
 
 SHIPPED = Path(__file__).resolve().parents[1] / "deploy" / "coturn"
 
-# coturn prints this once its listeners and relay threads are up.
+# coturn prints this once its relay threads are started, which is not yet
+# listening: each thread binds its TCP listener on its own (_answering).
 READY_LINE = b"Total General servers"
 
 # REQUESTED-TRANSPORT (RFC 5766): the protocol number in the top byte.
@@ -59,10 +60,10 @@ def require_coturn() -> str:
 
 @contextlib.asynccontextmanager
 async def _running(
-    command: Sequence[str], env: Mapping[str, str] | None = None
+    command: Sequence[str], port: int, env: Mapping[str, str] | None = None
 ) -> AsyncIterator[None]:
     """``command`` (a turnserver) running until the block ends, from the
-    moment it logs that it is ready."""
+    moment it answers on ``port``."""
     process = await asyncio.create_subprocess_exec(
         *command,
         stdout=asyncio.subprocess.PIPE,
@@ -73,14 +74,21 @@ async def _running(
     output = bytearray()
     drain: asyncio.Task[bytes] | None = None
     try:
-        async with asyncio.timeout(20):
-            while READY_LINE not in output:
-                line = await process.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"turnserver exited: {output.decode(errors='replace')}")
-                output += line
-        # Keep reading its log so a full pipe never blocks it.
-        drain = asyncio.create_task(process.stdout.read())
+        try:
+            async with asyncio.timeout(20):
+                while READY_LINE not in output:
+                    line = await process.stdout.readline()
+                    if not line:
+                        raise RuntimeError(f"turnserver exited: {output.decode(errors='replace')}")
+                    output += line
+                # Keep reading its log so a full pipe never blocks it.
+                drain = asyncio.create_task(process.stdout.read())
+                await _answering(port)
+        except TimeoutError:
+            raise RuntimeError(
+                f"turnserver did not answer on port {port} within 20 s: "
+                + output.decode(errors="replace")
+            ) from None
         yield
     finally:
         if process.returncode is None:
@@ -89,6 +97,23 @@ async def _running(
             await process.wait()
         if drain is not None:
             drain.cancel()
+
+
+async def _answering(port: int) -> None:
+    """Until a STUN Binding request to ``port`` on loopback gets an answer
+    over UDP and over TCP. coturn's relay threads bind their listeners on
+    their own after it logs that it is ready, and keep retrying a TCP
+    listener they cannot bind without saying so on stdout."""
+    server = ("127.0.0.1", port)
+    transport: Literal["udp", "tcp"]
+    for transport in ("udp", "tcp"):
+        while True:
+            try:
+                async with TurnClient.connect(server, "", "", transport) as client:
+                    await client.binding(timeout_s=0.2)
+                break
+            except (OSError, TimeoutError):
+                await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
@@ -105,7 +130,8 @@ async def coturn(secret: str = "test-turn-secret") -> AsyncIterator[TurnServer]:
                 "--allow-loopback-peers",
                 *("--use-auth-secret", f"--static-auth-secret={secret}"),
                 *("--realm=voice-agent.test", f"--db={state}/turndb", f"--pidfile={state}/pid"),
-            )
+            ),
+            port,
         ):
             yield TurnServer(secret, port)
 
@@ -149,6 +175,7 @@ async def shipped_coturn(
                 *("--realm=voice-agent.test", "--allow-loopback-peers"),
                 *(f"--db={state}/turndb", f"--pidfile={state}/pid"),
             ),
+            port,
             env,
         ):
             yield TurnServer(secret, port)
@@ -259,11 +286,20 @@ class TurnClient:
         if waiting is not None and not waiting.done():
             waiting.set_result(message)
 
-    async def _exchange(self, request: stun.Message) -> stun.Message:
+    async def _exchange(self, request: stun.Message, timeout_s: float = 5) -> stun.Message:
         waiting: asyncio.Future[stun.Message] = asyncio.get_running_loop().create_future()
         self._waiting[request.transaction_id] = waiting
         self._write(request)
-        return await asyncio.wait_for(waiting, 5)
+        try:
+            return await asyncio.wait_for(waiting, timeout_s)
+        finally:
+            self._waiting.pop(request.transaction_id, None)
+
+    async def binding(self, timeout_s: float = 5) -> stun.Message:
+        """The server's answer to a STUN Binding request (no credentials)."""
+        request = stun.Message(stun.Method.BINDING, stun.Class.REQUEST)
+        request.add_fingerprint()
+        return await self._exchange(request, timeout_s)
 
     # -- requests --------------------------------------------------------------
     def _key(self) -> bytes:
