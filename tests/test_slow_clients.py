@@ -2,13 +2,15 @@
 anyone speaks, is bounded: its call ends (or its excess is dropped) and
 other calls go on. Real server, real calls (over the fake models: the
 bounds are the server's, not a model's): an aiortc peer whose SCTP stops
-acknowledging, a WebSocket nobody reads, a flood of appended audio."""
+acknowledging, a WebSocket nobody reads (through aiohttp's client, and
+one that never reads a byte), a flood of appended audio."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+import os
 from typing import Any
 
 import aiohttp
@@ -16,6 +18,7 @@ import numpy as np
 
 from tests.conftest import ServerFactory
 from tests.realtime_events import typed
+from tests.silent_websocket import SilentWebSocket, let_go_of
 from voice_agent.client import RealtimeClient
 from voice_agent.realtime.input_audio import APPEND_BURST_S, INPUT_RATE, MAX_APPEND_SPEED
 from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES
@@ -110,6 +113,27 @@ async def test_a_websocket_nobody_reads_is_ended_with_bounded_memory(
             await call.closed.wait()
         assert call.close_reason == "slow_client"
         assert most_queued <= MAX_UNSENT_EVENT_BYTES
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_a_websocket_client_that_never_reads_a_byte_is_let_go_of(
+    fake_server_factory: ServerFactory,
+) -> None:
+    server = await fake_server_factory()
+    client = await SilentWebSocket.connect(server.url)
+    try:
+        (call,) = server.calls.calls()
+        for event in store_and_retrieve("item_large"):
+            if call.closed.is_set() or not await client.send(event):
+                break
+        async with asyncio.timeout(30):
+            await call.closed.wait()
+        assert call.close_reason == "slow_client"
+        # Its connection too, with the megabytes it never read: held, it
+        # would stay until the client went away.
+        assert await let_go_of(os.getpid(), client.local_port, within_s=5)
+    finally:
+        client.close()
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
 
 

@@ -22,7 +22,9 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import test_settings as settings_for_test
+from tests.silent_websocket import SilentWebSocket, let_go_of
 from tests.test_signaling import mutate, real_offer
+from tests.test_slow_clients import store_and_retrieve
 from voice_agent.backends.llm.http_client import HttpLlmConfig
 from voice_agent.client import RealtimeClient
 from voice_agent.cpu import available_cores, media_workers_for
@@ -413,6 +415,38 @@ async def test_a_websocket_session_through_the_front_is_served_by_a_worker(
     assert [s.labels["process"] for s in completed if s.value == 1] in (["worker-0"], ["worker-1"])
     memory = {s.labels["process"] for s in families["process_resident_memory_bytes"].samples}
     assert memory == {"front", "worker-0", "worker-1"}
+    async with asyncio.timeout(10):
+        while True:
+            if (await server.json(http, "/v1/stats"))["calls"] == 0:
+                break
+            await asyncio.sleep(0.1)  # the worker's call stream reaches the front
+
+
+async def test_a_websocket_client_that_never_reads_is_let_go_of_by_the_front(
+    workers_server: WorkersServer, http: aiohttp.ClientSession
+) -> None:
+    server = workers_server
+    client = await SilentWebSocket.connect(server.url)
+    try:
+        for event in store_and_retrieve("item_large"):  # ~24 MB asked for, none read
+            if not await client.send(event):
+                break
+
+        async def keep_sending() -> None:
+            # As a gateway appending audio does: never silent long enough
+            # for the heartbeat to end the connection.
+            for _ in range(240):
+                if not await client.send({"type": "input_audio_buffer.clear"}, timeout_s=1):
+                    return
+                await asyncio.sleep(0.5)
+
+        sending = asyncio.create_task(keep_sending())
+        try:
+            assert await let_go_of(server.process.pid, client.local_port, within_s=60)
+        finally:
+            sending.cancel()
+    finally:
+        client.close()
     async with asyncio.timeout(10):
         while True:
             if (await server.json(http, "/v1/stats"))["calls"] == 0:

@@ -157,6 +157,7 @@ class InProcess(CallPlace):
             max_msg_size=MAX_FRAME_BYTES,
             heartbeat=self.settings.ws_heartbeat_s,
         )
+        transport = request.transport  # aiohttp lets go of it once closing
         await ws.prepare(request)
         models = engine.models
         assert models is not None  # admitted: not_serving refuses until they are loaded
@@ -168,6 +169,7 @@ class InProcess(CallPlace):
             engine.model_name,
             engine.voice_name,
             ws,
+            transport,
             on_closed=calls.discard,
         )
         admission.made(call.id)

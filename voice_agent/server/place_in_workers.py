@@ -44,6 +44,8 @@ from voice_agent.server.worker_stats import (
     worker_stats,
 )
 from voice_agent.session.ids import new_id
+from voice_agent.ws.closing import close_client_websocket
+from voice_agent.ws.relay import relay_frames
 
 log = logging.getLogger(__name__)
 
@@ -183,12 +185,16 @@ class InWorkers(CallPlace):
             max_msg_size=MAX_FRAME_BYTES,
             heartbeat=request.app[SETTINGS].ws_heartbeat_s,
         )
+        transport = request.transport  # aiohttp lets go of it once closing
         try:
             await client.prepare(request)
-            await _relay_frames(client, upstream)
+            ended = await relay_frames(client, upstream)
+            if ended == "slow_client":
+                log.warning("client not reading its events; ending the call", extra={"id": call_id})
         finally:
             await upstream.close()  # ends the worker's call, if the client went first
-            await client.close()
+            # Bounded: until it returns, the admission holds the call's slot.
+            await close_client_websocket(client, transport)
         return client
 
     async def describe_call(self, call_id: str) -> web.StreamResponse | None:
@@ -318,30 +324,3 @@ async def _relay(answer: aiohttp.ClientResponse) -> web.Response:
         content_type=answer.content_type,
         headers=headers,
     )
-
-
-async def _relay_frames(
-    client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
-) -> None:
-    async def pipe(
-        source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
-        sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
-    ) -> None:
-        async for message in source:
-            if message.type == aiohttp.WSMsgType.TEXT:
-                await sink.send_str(message.data)
-            elif message.type == aiohttp.WSMsgType.BINARY:
-                await sink.send_bytes(message.data)
-            else:
-                return
-
-    both = [
-        asyncio.create_task(pipe(client, upstream)),
-        asyncio.create_task(pipe(upstream, client)),
-    ]
-    try:
-        await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in both:
-            task.cancel()
-        await asyncio.gather(*both, return_exceptions=True)

@@ -41,6 +41,7 @@ from voice_agent.rtc.call_core import CallCore
 from voice_agent.rtc.outbound import SAMPLE_RATE
 from voice_agent.session.events import AssistantAudioStarted, ResponseStarted, SessionEvent
 from voice_agent.session.session import Models, SessionConfig
+from voice_agent.ws.closing import close_client_websocket
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class WebSocketCall(CallCore):
         model_name: str,
         voice_name: str,
         ws: web.WebSocketResponse,
+        transport: asyncio.Transport | None,
         on_closed: Callable[[WebSocketCall], None],
     ) -> None:
         super().__init__(
@@ -79,6 +81,7 @@ class WebSocketCall(CallCore):
         self._max_duration_s = settings.max_call_duration_s
         self._idle_timeout_s = settings.ws_idle_timeout_s
         self._ws = ws
+        self._transport = transport
         # A WebSocket client plays and records audio itself: echo is its job.
         self.echo: EchoCanceller | None = None
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue(MAX_OUTBOX)
@@ -187,4 +190,4 @@ class WebSocketCall(CallCore):
                     await asyncio.shield(self._writer)
 
     async def _close_transport(self) -> None:
-        await self._ws.close()
+        await close_client_websocket(self._ws, self._transport)
