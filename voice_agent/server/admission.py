@@ -109,6 +109,12 @@ def not_serving(request: web.Request, engine: Engine) -> web.Response | None:
         reason = engine.unready_reason or "models are still loading"
         code = "not_ready" if engine.models is None else "llm_unavailable"
         return error_response(503, code, reason, {"Retry-After": RETRY_AFTER_S})
+    return shutting_down(request)
+
+
+def shutting_down(request: web.Request) -> web.Response | None:
+    """503 once shutdown has begun: also for a call admitted before it,
+    when it is about to be made (server/drain.py)."""
     if request.app[SHUTTING_DOWN].is_set():
         return error_response(
             503, "shutting_down", "the server is shutting down", {"Retry-After": RETRY_AFTER_S}

@@ -66,6 +66,7 @@ class CallRegistry:
 
     def release_reservation(self) -> None:
         self._reserved -= 1
+        self._notify()
 
     def add(self, call: Call) -> None:
         self._calls[call.id] = call
@@ -94,6 +95,17 @@ class CallRegistry:
     async def wait_for_count(self, count: int) -> None:
         """Wait until exactly ``count`` calls are live (e.g. to drain)."""
         while len(self._calls) != count:
+            await self._changed.wait()
+
+    async def wait_until_idle(self) -> None:
+        """Wait until no call is live and none is being negotiated."""
+        while self._calls or self._reserved:
+            await self._changed.wait()
+
+    async def wait_for_negotiations(self) -> None:
+        """Wait until no call is being negotiated (each one admitted has
+        become a call or been refused)."""
+        while self._reserved:
             await self._changed.wait()
 
     def calls(self) -> list[Call]:

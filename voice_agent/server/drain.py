@@ -1,7 +1,8 @@
 """Graceful drain, on SIGTERM (a rolling update, a scale-down, ``docker stop``).
 
 New calls are refused at once (503 with Retry-After, ``/readyz`` 503
-``draining``), so a load balancer sends them elsewhere; live calls go on
+``draining``), so a load balancer sends them elsewhere, and so are offers
+admitted before, still being negotiated, once answered; live calls go on
 for up to ``--drain-timeout-s``; each one still live then hears the
 goodbye (whatever it was saying stops; no LLM; the caller cannot start
 another turn), gets its ``response.done``, and is hung up. Then the
@@ -30,6 +31,10 @@ DRAIN_PATH = "/internal/drain"
 # a TTS busy with every other call's goodbye at the same moment.
 GOODBYE_LIMIT_S = 10.0
 
+# How long an offer admitted before the drain may still take to be refused:
+# gathering ICE candidates, with TURN servers that answer slowly.
+NEGOTIATION_LIMIT_S = 30.0
+
 DRAINING: web.AppKey[list[asyncio.Task[None]]] = web.AppKey("draining", list)
 
 
@@ -49,7 +54,13 @@ async def drain_calls(calls: CallRegistry, timeout_s: float, goodbye: str) -> No
         log.info("draining", extra={"calls": len(calls), "timeout_s": timeout_s})
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout_s):
-            await calls.wait_for_count(0)
+            await calls.wait_until_idle()
+    # An offer admitted before the drain began is refused once its answer is
+    # ready (a call is never made while draining): it is answered 503 and
+    # can go to another replica, where an exit now would cut it off.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(NEGOTIATION_LIMIT_S):
+            await calls.wait_for_negotiations()
     left = calls.calls()
     if left:
         log.info("drain time is up: ending calls with a goodbye", extra={"calls": len(left)})

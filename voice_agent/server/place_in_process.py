@@ -17,7 +17,7 @@ from voice_agent.engine import Engine
 from voice_agent.realtime.errors import error_event
 from voice_agent.realtime.protocol import ClientEventError
 from voice_agent.rtc.call import Call
-from voice_agent.server.admission import Admission, server_full
+from voice_agent.server.admission import Admission, server_full, shutting_down
 from voice_agent.server.call_routes import CALLS_PATH
 from voice_agent.server.calls import CallRegistry
 from voice_agent.server.errors import error_response
@@ -133,6 +133,9 @@ class InProcess(CallPlace):
             if call is not None:
                 await asyncio.shield(call.close("cancelled"))
             raise
+        if (closing := shutting_down(request)) is not None:
+            await call.close("server_shutdown")  # the drain began while it was negotiated
+            return closing
         admission.made(call.id)
         calls.add(call)
         log.info("call created", extra={"call_id": call.id, "calls": len(calls)})
@@ -157,6 +160,8 @@ class InProcess(CallPlace):
             max_msg_size=MAX_FRAME_BYTES,
             heartbeat=self.settings.ws_heartbeat_s,
         )
+        if (closing := shutting_down(request)) is not None:
+            return closing  # still an HTTP answer: the upgrade has not happened
         transport = request.transport  # aiohttp lets go of it once closing
         await ws.prepare(request)
         models = engine.models
