@@ -120,6 +120,11 @@ class CallCore:
             self.close_soon("internal_error")
 
     # -- teardown ----------------------------------------------------------------
+    @property
+    def closing(self) -> bool:
+        """Its release has begun (``closed`` is set once it has ended)."""
+        return self._teardown is not None
+
     def close_soon(self, reason: str) -> asyncio.Future[None]:
         """Start releasing the call (once); the teardown runs to the end even
         if whoever awaits it is cancelled (a hang-up cut short, shutdown)."""

@@ -27,6 +27,11 @@ class Call(Protocol):
     close_reason: str | None
     echo: EchoCanceller | None  # phone legs without their own echo cancellation
 
+    @property
+    def closing(self) -> bool:
+        """Its release has begun (it may not have ended yet)."""
+        ...
+
     async def close(self, reason: str = "hangup") -> None: ...
 
 

@@ -83,8 +83,10 @@ async def stop_draining(app: web.Application) -> None:
 
 async def end_with_goodbye(call: Call, goodbye: str) -> None:
     try:
-        if not call.closed.is_set():
-            response = call.session.say_goodbye(goodbye)
+        # A call already closing (hung up as the drain time ran out) has
+        # nobody left to hear it.
+        response = None if call.closing else call.session.say_goodbye(goodbye)
+        if response is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(GOODBYE_LIMIT_S):
                     await response.wait_closed()

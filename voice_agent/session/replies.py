@@ -173,11 +173,14 @@ class Replies(SessionState):
         self._response.cancel(reason)
         return True
 
-    def say_goodbye(self, text: str) -> Reply:
+    def say_goodbye(self, text: str) -> Reply | None:
         """The last reply of a call the server ends (a drain): the reply being
         given stops, these words are spoken (no LLM, outside the history),
         and nothing the caller says or asks starts another one. Its
-        ``wait_closed`` returns once the words have been played."""
+        ``wait_closed`` returns once the words have been played. None once
+        the session is closed: nothing would play it, or ever stop it."""
+        if self._closed:
+            return None
         self._ending = True
         self._drop_speculation()
         if self._deferred_reply is not None:
