@@ -57,7 +57,7 @@ from voice_agent.testing.figures import table
 # root, which the bench.* imports below are found from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.turn_taking import STANDS_ALONE, hesitant_cut, telephone_prompts
+from bench.turn_material import STANDS_ALONE, hesitant_cut, telephone_prompts
 
 RATE = 16_000
 JUDGED_AFTER_S = 0.2  # the end candidate's silence

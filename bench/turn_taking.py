@@ -36,7 +36,6 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,7 @@ import numpy as np
 
 from voice_agent.client import RealtimeClient
 from voice_agent.rtc.call import restrict_host_addresses
-from voice_agent.session.endpointing import words_unfinished
-from voice_agent.testing.audio_data import levels_db, noise_burst, silence, speech_bounds, words
+from voice_agent.testing.audio_data import noise_burst, silence
 from voice_agent.testing.figures import percentile, table
 from voice_agent.testing.serving import servers_side_by_side
 
@@ -55,9 +53,10 @@ from voice_agent.testing.serving import servers_side_by_side
 # root, which the bench.* imports below are found from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.speech_sets import Utterance, filler_sounds, split_sets
+from bench.reply_probes import last_sound_after, over_a_reply
+from bench.speech_sets import filler_sounds
+from bench.turn_material import CUTS, RATE, STANDS_ALONE, material
 
-RATE = 16_000
 ARMS = {
     "semantic": ["--turn-detection", "semantic"],
     # The model's verdicts alone, without the embedded LLM reading the words.
@@ -68,24 +67,6 @@ ARMS = {
 }
 PAUSES_S = (0.5, 1.0, 1.5)
 QUIET_S = 3.0  # after the speech: longer than the semantic cap, for a late reply
-LONG_REPLY = "Count slowly from one to thirty, one number a sentence."
-
-
-# Prompts whose words before the cut (the widest middle gap) make a whole
-# sentence by themselves, labelled by grammar from the aligned words ("The
-# leader has left | the conference"): a listener could take the turn there
-# too. The rest stop on an unfinished phrase ("Your call cannot | be
-# completed as dialed"), the hesitation the targets are about.
-STANDS_ALONE = frozenset(
-    {"agent-pass", "conf-enteringno", "conf-getchannel", "conf-getpin", "conf-leaderhasleft",
-     "conf-onlyperson", "confbridge-begin-glorious-b", "confbridge-begin-leader",
-     "confbridge-lock-no-join", "confbridge-only-one", "confbridge-pin", "confbridge-removed",
-     "demo-nomatch", "dir-nomore", "entr-num-rmv-blklist", "priv-callpending",
-     "privacy-prompt", "queue-thankyou", "vm-forward", "vm-forwardoptions", "vm-leavemsg",
-     "vm-newpassword", "vm-next", "vm-opts", "vm-rec-name", "vm-rec-temp", "vm-rec-unv",
-     "vm-reenterpassword"}
-)  # fmt: skip
-CUTS = ("unfinished", "stands alone")
 
 
 @dataclass
@@ -99,63 +80,6 @@ class Tally:
     stops_ms: list[float] = field(default_factory=list)
     not_stopped: int = 0
     no_long_reply: int = 0  # the reply to talk over never started (30 s), or had ended
-
-
-def widest_middle_gap(audio: np.ndarray) -> int | None:
-    """Sample index of the start of the widest quiet gap (10 ms windows
-    under -35 dB) between 30 % and 70 % of the speech, if one is 40 ms+."""
-    levels = levels_db(audio)
-    start, end = speech_bounds(audio)
-    lo, hi = int(start * 100 + (end - start) * 30), int(start * 100 + (end - start) * 70)
-    best, best_len, run = None, 0, 0
-    for index in range(lo, hi):
-        run = run + 1 if levels[index] < -35.0 else 0
-        if run > best_len:
-            best, best_len = index - run + 1, run
-    return best * RATE // 100 if best is not None and best_len >= 4 else None
-
-
-def telephone_prompts(which: str) -> list[Utterance]:
-    """The Asterisk prompts of 5+ words in the set ``which`` ("tuning" or
-    "measurement")."""
-    return [
-        u
-        for u in split_sets()[which]
-        if "/" not in u.name
-        and u.name[:3] != "mfa"
-        and not u.name.startswith("libri")
-        and len(words(u.text)) >= 5
-    ]
-
-
-def hesitant_cut(prompt: Utterance) -> int | None:
-    """Where a one-sentence prompt is cut for a hesitant turn: its widest
-    middle gap (None: not one sentence, or no such gap)."""
-    if "." in prompt.text.strip()[:-1]:
-        return None
-    return widest_middle_gap(prompt.audio)
-
-
-def material(
-    limit: int, finished: int
-) -> tuple[list[tuple[str, np.ndarray, np.ndarray]], list[np.ndarray]]:
-    """(name, first part, rest) of the hesitant prompts, and finished ones."""
-    prompts = telephone_prompts("measurement")
-    hesitant = []
-    for prompt in prompts:
-        gap = hesitant_cut(prompt)
-        if gap is not None:
-            hesitant.append((prompt.name, prompt.audio[:gap], prompt.audio[gap:]))
-    sentences = [p for p in prompts if not template(p)]
-    return hesitant[:limit], [p.audio for p in sentences[len(sentences) - finished :]]
-
-
-def template(prompt: Utterance) -> bool:
-    """A prompt recorded to be joined to another, its reference text ending
-    where a number or a name goes ("The number I have is", "If this is
-    correct, press...", "who introduces themselves as:"): not a finished
-    sentence, and read as one that goes on."""
-    return words_unfinished(prompt.text)
 
 
 async def quiet(client: RealtimeClient) -> None:
@@ -233,42 +157,6 @@ def timing_details(events: list[dict[str, Any]]) -> str:
     return "no response.done"
 
 
-def long_reply_request() -> list[dict[str, Any]]:
-    """The client events that ask for a long reply (LONG_REPLY, typed)."""
-    item = {
-        "type": "message",
-        "role": "user",
-        "content": [{"type": "input_text", "text": LONG_REPLY}],
-    }
-    return [{"type": "conversation.item.create", "item": item}, {"type": "response.create"}]
-
-
-async def over_a_reply(
-    client: RealtimeClient, burst: np.ndarray
-) -> tuple[dict[str, Any], float, bool]:
-    """Speak ``burst`` 0.8 s into a long reply: the reply's response, the
-    time the burst's speech began (monotonic), and whether the reply was
-    still going then (a short one may be over before the burst)."""
-    mark = len(client.events)
-    for event in long_reply_request():
-        client.send(event)
-    started = await asyncio.wait_for(
-        client.wait_for_type("output_audio_buffer.started", after=mark), 30
-    )
-    done = client.wait_for(
-        lambda e: e["type"] == "response.done" and e["response"]["id"] == started["response_id"],
-        after=mark,
-    )
-    await asyncio.sleep(0.8)
-    lead = silence(0.1)
-    onset = await client.mic.play(lead, RATE) + speech_bounds(burst)[0]
-    client.mic.play(np.concatenate((burst, silence(1.0))), RATE)
-    response = (await asyncio.wait_for(done, 60))["response"]
-    await asyncio.sleep(1.0)
-    sounding = client.received.peak_between(onset - 0.3, onset) > SOUNDING_PEAK
-    return response, onset, sounding
-
-
 async def false_barge_in(
     client: RealtimeClient, burst: np.ndarray, tally: Tally, cancels: list[bool]
 ) -> None:
@@ -283,41 +171,6 @@ async def false_barge_in(
     else:
         tally.no_long_reply += 1
     await quiet(client)
-
-
-# A reply's own sound resumes within this of the onset (a gap between its
-# sentences); the answer to the interruption comes seconds later.
-FIRST_GAP_S = 0.5
-SOUNDING_PEAK = 500  # int16: received audio louder than this is the reply sounding
-
-
-def last_sound(
-    sounds: Iterable[tuple[float, int]], onset: float, lead_s: float = 0.0
-) -> float | None:
-    """When the reply sounding at ``onset`` last sounded, from (arrival,
-    peak) pairs in arrival order, counted from ``lead_s`` before the onset:
-    the last sounding one before 100 ms of quiet. A sound that starts more
-    than FIRST_GAP_S after the onset (the answer to the interruption, after
-    a reply that ran out of itself) is not that reply's."""
-    last = None
-    for arrived, peak in sounds:
-        if arrived < onset - lead_s or peak <= SOUNDING_PEAK:
-            continue
-        since, allowed = (onset, FIRST_GAP_S) if last is None else (last, 0.1)
-        if arrived - since > allowed:
-            break
-        last = arrived
-    return last
-
-
-def last_sound_after(client: RealtimeClient, onset: float) -> float | None:
-    """``last_sound`` of what the client received."""
-    received = client.received
-    peaks = (
-        (arrived, int(np.abs(samples).max()) if samples.size else 0)
-        for samples, arrived in zip(received.chunks, received.arrivals, strict=True)
-    )
-    return last_sound(peaks, onset)
 
 
 async def caller(

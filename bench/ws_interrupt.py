@@ -43,7 +43,8 @@ from voice_agent.testing.serving import start_server, wait_ready
 # root, which the bench.* imports below are found from.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.turn_taking import SOUNDING_PEAK, last_sound, long_reply_request, material
+from bench.reply_probes import SOUNDING_PEAK, last_sound, long_reply_request
+from bench.turn_material import material
 
 RATE = 16_000
 WIRE_RATE = 24_000
