@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from tests.conftest import test_settings as settings_for_test
 from tests.silent_websocket import SilentWebSocket, let_go_of
@@ -452,6 +453,35 @@ async def test_a_websocket_client_that_never_reads_is_let_go_of_by_the_front(
             if (await server.json(http, "/v1/stats"))["calls"] == 0:
                 break
             await asyncio.sleep(0.1)  # the worker's call stream reaches the front
+
+
+async def test_a_call_id_that_is_a_path_reaches_nothing_else_on_a_worker(
+    workers_server: WorkersServer, http: aiohttp.ClientSession
+) -> None:
+    # aiohttp decodes %2F inside the id; put into a worker's URL as it was,
+    # ".." would climb to the worker's private routes, /internal/drain among them.
+    server = workers_server
+    for worker in (0, 1):
+        climb = f"rtc_w{worker}_x%2F..%2F..%2F..%2F..%2Finternal%2Fdrain%3Fx%3D"
+        for method, path, body in (
+            ("POST", f"{climb}/hold", {"held": True}),
+            ("POST", f"{climb}/dtmf", {"digits": "1"}),
+            ("DELETE", climb, None),
+            ("GET", climb, None),
+        ):
+            target = URL(f"{server.url}{CALLS}/{path}", encoded=True)
+            async with http.request(method, target, json=body) as response:
+                assert response.status == 404, (method, path, await response.text())
+    # Neither worker drained: a session still opens on each.
+    url = server.url.replace("http://", "ws://") + "/v1/realtime"
+    async with (
+        http.ws_connect(url, protocols=("realtime",)) as first,
+        http.ws_connect(url, protocols=("realtime",)) as second,
+    ):
+        for ws in (first, second):
+            assert (await asyncio.wait_for(ws.receive_json(), 10))["type"] == "session.created"
+        stats = await server.json(http, "/v1/stats")
+        assert sorted(w["calls"] for w in stats["workers"]) == [1, 1]
 
 
 def runtime_dirs(parent: Path) -> list[Path]:

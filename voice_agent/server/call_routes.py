@@ -5,6 +5,7 @@ pressed and hold (its maker's only), the WebSocket session, readiness, stats and
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from aiohttp import web
@@ -24,6 +25,11 @@ from voice_agent.server.status_routes import add_status_routes
 from voice_agent.server.websocket import add_websocket_route
 
 CALLS_PATH = "/v1/realtime/calls"
+# What a call id looks like (session/ids.py: a prefix, "_", a random token).
+# Checked before anything else: aiohttp decodes "%2F" into the id, and an id
+# with "/" or ".." in it would reach other paths where it is put into a URL
+# (a media worker's, behind the front).
+CALL_ID = re.compile(r"[A-Za-z0-9_]{1,64}")
 MAX_DIGITS = 32  # one request's keys: a gateway sends each INFO's key at once
 
 
@@ -54,7 +60,7 @@ async def create_call(request: web.Request) -> web.StreamResponse:
 @checks_its_own_caller
 async def delete_call(request: web.Request) -> web.StreamResponse:
     call_id = request.match_info["call_id"]
-    if (refused := manager_refusal(request, call_id)) is not None:
+    if (refused := _refusal(request, call_id)) is not None:
         return refused
     answer = await request.app[PLACE].end_call(call_id)
     return answer if answer is not None else _no_such_call()
@@ -65,7 +71,7 @@ async def get_call(request: web.Request) -> web.StreamResponse:
     """Whether a call is still live: how a SIP gateway learns that the
     service hung up, and sends the phone a BYE."""
     call_id = request.match_info["call_id"]
-    if (refused := manager_refusal(request, call_id)) is not None:
+    if (refused := _refusal(request, call_id)) is not None:
         return refused
     answer = await request.app[PLACE].describe_call(call_id)
     return answer if answer is not None else _no_such_call()
@@ -78,7 +84,7 @@ async def press_digits(request: web.Request) -> web.StreamResponse:
     do, and a press the phone also sent in the audio is heard once. Answers
     which keys were new."""
     call_id = request.match_info["call_id"]
-    if (refused := manager_refusal(request, call_id)) is not None:
+    if (refused := _refusal(request, call_id)) is not None:
         return refused
     digits = await _body_field(request, "digits")
     if not isinstance(digits, str) or not 0 < len(digits) <= MAX_DIGITS or set(digits) - set(KEYS):
@@ -100,7 +106,7 @@ async def hold_call(request: web.Request) -> web.StreamResponse:
     sends nothing) keeps the agent speaking, and the call outlives the
     silence too."""
     call_id = request.match_info["call_id"]
-    if (refused := manager_refusal(request, call_id)) is not None:
+    if (refused := _refusal(request, call_id)) is not None:
         return refused
     try:
         body = await request.json()
@@ -116,6 +122,14 @@ async def hold_call(request: web.Request) -> web.StreamResponse:
         )
     answer = await request.app[PLACE].hold_call(call_id, held, sending)
     return answer if answer is not None else _no_such_call()
+
+
+def _refusal(request: web.Request, call_id: str) -> web.Response | None:
+    """404 for what is no call id; else 401/404 unless the request may see
+    or change this call (its maker's only)."""
+    if CALL_ID.fullmatch(call_id) is None:
+        return _no_such_call()
+    return manager_refusal(request, call_id)
 
 
 async def _body_field(request: web.Request, name: str) -> object:

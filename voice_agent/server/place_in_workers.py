@@ -215,7 +215,7 @@ class InWorkers(CallPlace):
 
     async def end_call(self, call_id: str) -> web.StreamResponse | None:
         worker = self.pool.owner(call_id)
-        if worker is None or worker.http is None:
+        if worker is None or worker.http is None or not worker.knows(call_id):
             return None
         try:
             async with worker.http.delete(
@@ -240,7 +240,7 @@ class InWorkers(CallPlace):
     ) -> web.StreamResponse | None:
         """A call's action, posted to the worker that owns the call."""
         worker = self.pool.owner(call_id)
-        if worker is None or worker.http is None:
+        if worker is None or worker.http is None or not worker.knows(call_id):
             return None
         try:
             async with worker.http.post(

@@ -59,7 +59,7 @@ def media_workers(settings: Settings, capacity: int | None = None) -> int:
     return media_workers_for(calls, available_cores())
 
 
-WORKER_ID = re.compile(r"^rtc_w(\d+)_")
+WORKER_ID = re.compile(r"rtc_w(\d+)_[A-Za-z0-9]+")
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 RESTART_BACKOFF_S = (1.0, 30.0)  # first wait, then doubling up to this
@@ -102,6 +102,10 @@ class Worker:
             self.release()
         else:
             self.unseen.add(call_id)
+
+    def knows(self, call_id: str) -> bool:
+        """A call of this worker's: live, or answered and not reported yet."""
+        return call_id in self.live or call_id in self.unseen
 
     def seen(self, live: set[str]) -> None:
         """The stream reported these calls (or, in a snapshot, all there
@@ -165,7 +169,7 @@ class WorkerPool:
         return chosen
 
     def owner(self, call_id: str) -> Worker | None:
-        match = WORKER_ID.match(call_id)
+        match = WORKER_ID.fullmatch(call_id)
         if match is None or int(match.group(1)) >= len(self.workers):
             return None
         worker = self.workers[int(match.group(1))]
