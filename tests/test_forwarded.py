@@ -8,6 +8,7 @@ import ipaddress
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict
 
 from tests.conftest import RunningServer, ServerFactory
 from voice_agent.server.forwarded import forwarded_client
@@ -52,3 +53,23 @@ async def test_offers_are_counted_per_forwarded_client_only_behind_a_listed_prox
     direct = await fake_server_factory(offers_per_minute=1)
     assert await offer_status(http, direct, "203.0.113.5") == 400
     assert await offer_status(http, direct, "203.0.113.6") == 429
+
+
+async def test_a_forwarded_for_line_the_proxy_added_is_read_after_the_clients_own(
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    # A proxy that adds its own header line (HAProxy's option forwardfor)
+    # leaves the client's claim first: the client is still the last one.
+    behind = await fake_server_factory(offers_per_minute=1, trusted_proxies=["127.0.0.1"])
+    statuses = []
+    for claimed in ("1.1.1.1", "2.2.2.2", "3.3.3.3"):
+        headers = [
+            ("Content-Type", "application/sdp"),
+            ("X-Forwarded-For", claimed),
+            ("X-Forwarded-For", "203.0.113.5"),
+        ]
+        async with http.post(
+            behind.url + "/v1/realtime/calls", data="v=0", headers=CIMultiDict(headers)
+        ) as response:
+            statuses.append(response.status)
+    assert statuses == [400, 429, 429]

@@ -48,7 +48,9 @@ def trusted_proxies_middleware(proxies: list[str]) -> Callable[..., Awaitable[we
 
     @web.middleware
     async def from_forwarded_for(request: web.Request, handler: Handler) -> web.StreamResponse:
-        header = request.headers.get("X-Forwarded-For")
+        # Every line of it, in order: a proxy may add its own line after the
+        # one the client sent (RFC 9110 5.3: the same as one joined by commas).
+        header = ",".join(request.headers.getall("X-Forwarded-For", ()))
         if trusted and header:
             client = forwarded_client(request.remote, header, trusted)
             if client is not None:
