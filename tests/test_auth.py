@@ -104,6 +104,9 @@ async def test_a_client_secret_is_bound_to_its_session_single_use_and_expires(
     assert "invalid_client_secret" in await refused(server, http, body["value"])
     status, body = await mint(http, server, {"expires_after": {"seconds": 99999}})
     assert status == 400 and body["error"]["code"] == "invalid_expires_after"
+    # An integer no float can hold (float() of it overflows).
+    status, body = await mint(http, server, {"expires_after": {"seconds": 10**400}})
+    assert status == 400 and body["error"]["code"] == "invalid_expires_after"
     status, body = await mint(http, server, {"session": "not an object"})
     assert status == 400
 

@@ -139,6 +139,26 @@ async def test_unknown_call_is_404(
         assert (await response.json())["error"]["code"] == "call_not_found"
 
 
+async def test_a_body_nested_past_the_parsers_depth_is_a_bad_request(
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    # Python's own parser fails on it with a RecursionError, not a ValueError.
+    server = await fake_server_factory()
+    client = RealtimeClient(server.url)
+    await client.connect(http)
+    assert client.location is not None
+    for action in ("hold", "dtmf"):
+        async with http.post(
+            server.url + client.location + "/" + action,
+            data="[" * 50_000,
+            headers={"Content-Type": "application/json"},
+        ) as response:
+            assert response.status == 400, (action, await response.text())
+    assert len(server.calls) == 1  # the call goes on
+    await client.hangup(http)
+    await asyncio.wait_for(server.calls.wait_for_count(0), 5)
+
+
 async def test_an_offer_that_never_connects_costs_the_llm_nothing(
     fake_engine: Engine, http: aiohttp.ClientSession
 ) -> None:

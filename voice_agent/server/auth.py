@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -36,6 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
+from voice_agent import strict_json
 from voice_agent.config import Settings, weak_secret
 from voice_agent.ratelimit import TokenBucket
 from voice_agent.server.callers import (
@@ -323,8 +323,8 @@ async def create_client_secret(request: web.Request) -> web.StreamResponse:
     if len(raw) > MAX_SECRET_REQUEST_BYTES:
         return error_response(413, "body_too_large", "request body is too large")
     try:
-        body = json.loads(raw) if raw.strip() else {}
-    except (ValueError, RecursionError):
+        body = strict_json.loads(raw) if raw.strip() else {}
+    except strict_json.JsonRefused:
         return error_response(400, "invalid_json", "the body is not JSON")
     if not isinstance(body, dict):
         return error_response(400, "invalid_body", "the body must be a JSON object")
@@ -336,7 +336,9 @@ async def create_client_secret(request: web.Request) -> web.StreamResponse:
     if isinstance(ttl, bool) or not isinstance(ttl, int | float):
         return error_response(400, "invalid_expires_after", "expires_after.seconds: a number")
     try:
-        secret = auth.secrets.mint(caller, float(ttl), session)
+        # As given: float() of an integer of hundreds of digits overflows,
+        # and the range check refuses it as it is.
+        secret = auth.secrets.mint(caller, ttl, session)
     except AuthError as exc:
         return error_response(exc.status, exc.code, str(exc))
     return web.json_response({**secret, "session": session or {}})

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
+from voice_agent import strict_json
 from voice_agent.rtc.dtmf_events import EVENTS as KEYS
 from voice_agent.server.access import manager_refusal
 from voice_agent.server.admission import admitted
@@ -108,10 +109,7 @@ async def hold_call(request: web.Request) -> web.StreamResponse:
     call_id = request.match_info["call_id"]
     if (refused := _refusal(request, call_id)) is not None:
         return refused
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
+    body = await _json_body(request)
     held = body.get("held") if isinstance(body, dict) else None
     sending = body.get("sending", True) if isinstance(body, dict) else None
     if not isinstance(held, bool) or not isinstance(sending, bool):
@@ -132,12 +130,19 @@ def _refusal(request: web.Request, call_id: str) -> web.Response | None:
     return manager_refusal(request, call_id)
 
 
+async def _json_body(request: web.Request) -> object:
+    """The request's JSON body; None when it is not JSON (strict_json:
+    nested too deep included, which Python's own parser fails on with a
+    RecursionError)."""
+    try:
+        return strict_json.loads(await request.read())
+    except strict_json.JsonRefused:
+        return None
+
+
 async def _body_field(request: web.Request, name: str) -> object:
     """One field of a JSON object body; None when the body is no such object."""
-    try:
-        body = await request.json()
-    except ValueError:
-        return None
+    body = await _json_body(request)
     return body.get(name) if isinstance(body, dict) else None
 
 
