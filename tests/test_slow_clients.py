@@ -24,6 +24,7 @@ from voice_agent.realtime.input_audio import APPEND_BURST_S, INPUT_RATE, MAX_APP
 from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES
 from voice_agent.rtc.call import Call
 from voice_agent.ws.call import WebSocketCall
+from voice_agent.ws.closing import SLOW_CLIENT_CLOSE_CODE
 
 # One item as large as an event may carry, asked for again and again: each
 # retrieval is ~200 KB the server must send.
@@ -131,10 +132,28 @@ async def test_a_websocket_client_that_never_reads_a_byte_is_let_go_of(
         assert call.close_reason == "slow_client"
         # Its connection too, with the megabytes it never read: held, it
         # would stay until the client went away.
-        assert await let_go_of(os.getpid(), client.local_port, within_s=5)
+        assert await let_go_of(os.getpid(), client.local_port, within_s=10)
+        # And its release ended as a release, not cancelled (aiohttp's close
+        # awaits the drain of the writer cancelled mid-send).
+        await call.close()
     finally:
         client.close()
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_a_call_the_front_ends_for_a_slow_client_is_recorded_as_such(
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    # Behind the front, the worker's client is the front: it closes with
+    # this code when its own client stopped reading.
+    server = await fake_server_factory()
+    async with http.ws_connect(ws_url(server.url), protocols=("realtime",)) as ws:
+        assert (await ws.receive_json())["type"] == "session.created"
+        (call,) = server.calls.calls()
+        await ws.close(code=SLOW_CLIENT_CLOSE_CODE)
+    async with asyncio.timeout(10):
+        await call.closed.wait()
+    assert call.close_reason == "slow_client"
 
 
 def appended(seconds: float) -> list[str]:

@@ -453,6 +453,15 @@ async def test_a_websocket_client_that_never_reads_is_let_go_of_by_the_front(
             if (await server.json(http, "/v1/stats"))["calls"] == 0:
                 break
             await asyncio.sleep(0.1)  # the worker's call stream reaches the front
+    # The worker, told by the front, records why the call ended.
+    async with http.get(server.url + "/metrics") as response:
+        families = {f.name: f for f in text_string_to_metric_families(await response.text())}
+    ended = {
+        s.labels["outcome"]: s.value
+        for s in families["voice_agent_calls_ended"].samples
+        if s.name.endswith("_total") and s.value
+    }
+    assert ended == {"slow_client": 1}, ended
 
 
 async def test_a_call_id_that_is_a_path_reaches_nothing_else_on_a_worker(
@@ -472,6 +481,10 @@ async def test_a_call_id_that_is_a_path_reaches_nothing_else_on_a_worker(
             target = URL(f"{server.url}{CALLS}/{path}", encoded=True)
             async with http.request(method, target, json=body) as response:
                 assert response.status == 404, (method, path, await response.text())
+    # A plain GET where a WebSocket upgrade belongs: refused before any
+    # worker makes a call for it.
+    async with http.get(server.url + "/v1/realtime") as response:
+        assert response.status == 400
     # Neither worker drained: a session still opens on each.
     url = server.url.replace("http://", "ws://") + "/v1/realtime"
     async with (

@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
 from voice_agent.backends.capabilities import ReportsStats
 from voice_agent.capacity import turn_cost_figures
@@ -44,8 +44,8 @@ from voice_agent.server.worker_stats import (
     worker_stats,
 )
 from voice_agent.session.ids import new_id
-from voice_agent.ws.closing import close_client_websocket
-from voice_agent.ws.relay import relay_frames
+from voice_agent.ws.closing import SLOW_CLIENT_CLOSE_CODE, close_client_websocket
+from voice_agent.ws.relay import RelayEnd, relay_frames
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,14 @@ class InWorkers(CallPlace):
         worker = _worker(admission)
         if worker.http is None:
             return _unavailable(NO_WORKER["websocket"])
+        # The front answers the worker's pings, so the client's own go here.
+        client = web.WebSocketResponse(
+            protocols=(SUBPROTOCOL,),
+            max_msg_size=MAX_FRAME_BYTES,
+            heartbeat=request.app[SETTINGS].ws_heartbeat_s,
+        )
+        if not client.can_prepare(request).ok:  # before a worker makes a call for it
+            return error_response(400, "not_a_websocket", "this endpoint takes a WebSocket upgrade")
         call_id = new_id(f"rtc_w{worker.index}")
         headers = {CALL_ID_HEADER: call_id}
         if session is not None:
@@ -179,20 +187,18 @@ class InWorkers(CallPlace):
             log.warning("websocket not relayed", extra={"worker": worker.index, "error": str(exc)})
             return _unavailable(f"media worker {worker.index} did not answer")
         admission.made(call_id)
-        # The front answers the worker's pings, so the client's own go here.
-        client = web.WebSocketResponse(
-            protocols=(SUBPROTOCOL,),
-            max_msg_size=MAX_FRAME_BYTES,
-            heartbeat=request.app[SETTINGS].ws_heartbeat_s,
-        )
         transport = request.transport  # aiohttp lets go of it once closing
+        ended: RelayEnd = "client_gone"
         try:
             await client.prepare(request)
             ended = await relay_frames(client, upstream)
             if ended == "slow_client":
                 log.warning("client not reading its events; ending the call", extra={"id": call_id})
         finally:
-            await upstream.close()  # ends the worker's call, if the client went first
+            # Ends the worker's call, if the client went first; one ended for
+            # not reading is recorded as such there.
+            slow = ended == "slow_client"
+            await upstream.close(code=SLOW_CLIENT_CLOSE_CODE if slow else WSCloseCode.OK)
             # Bounded: until it returns, the admission holds the call's slot.
             await close_client_websocket(client, transport)
         return client

@@ -41,7 +41,7 @@ from voice_agent.rtc.call_core import CallCore
 from voice_agent.rtc.outbound import SAMPLE_RATE
 from voice_agent.session.events import AssistantAudioStarted, ResponseStarted, SessionEvent
 from voice_agent.session.session import Models, SessionConfig
-from voice_agent.ws.closing import close_client_websocket
+from voice_agent.ws.closing import SLOW_CLIENT_CLOSE_CODE, close_client_websocket
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,9 @@ class WebSocketCall(CallCore):
                     break
                 if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     self.protocol.on_client_message(message.data)
+                elif message.type == WSMsgType.CLOSE and message.data == SLOW_CLIENT_CLOSE_CODE:
+                    reason = "slow_client"  # the front's word: its client stopped reading
+                    break
                 elif message.type in (
                     WSMsgType.ERROR,
                     WSMsgType.CLOSE,
