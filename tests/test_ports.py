@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import socket
 
 import pytest
@@ -37,7 +36,7 @@ def test_a_port_held_for_udp_on_loopback_alone_is_not_handed_out(
     held_port, next_port = free_port(), free_port()
     ports_module._handed_out.difference_update({held_port, next_port})
     # The order free_port tries ports in: the held one first.
-    monkeypatch.setattr(random, "sample", lambda *_: [held_port, next_port])
+    monkeypatch.setattr(ports_module._RANDOM, "sample", lambda *_: [held_port, next_port])
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as held:
         held.bind(("127.0.0.1", held_port))
         assert free_port() == next_port

@@ -31,10 +31,6 @@ DRAIN_PATH = "/internal/drain"
 # a TTS busy with every other call's goodbye at the same moment.
 GOODBYE_LIMIT_S = 10.0
 
-# How long an offer admitted before the drain may still take to be refused:
-# gathering ICE candidates, with TURN servers that answer slowly.
-NEGOTIATION_LIMIT_S = 30.0
-
 DRAINING: web.AppKey[list[asyncio.Task[None]]] = web.AppKey("draining", list)
 
 
@@ -55,18 +51,20 @@ async def drain_calls(calls: CallRegistry, timeout_s: float, goodbye: str) -> No
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout_s):
             await calls.wait_until_idle()
-    # An offer admitted before the drain began is refused once its answer is
-    # ready (a call is never made while draining): it is answered 503 and
-    # can go to another replica, where an exit now would cut it off.
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(NEGOTIATION_LIMIT_S):
-            await calls.wait_for_negotiations()
+    goodbyes_began = asyncio.get_running_loop().time()
     left = calls.calls()
     if left:
         log.info("drain time is up: ending calls with a goodbye", extra={"calls": len(left)})
     ended = await asyncio.gather(
         *(end_with_goodbye(call, goodbye) for call in left), return_exceptions=True
     )
+    # An offer admitted before the drain began is refused once its answer is
+    # ready (a call is never made while draining): it is answered 503 and
+    # can go to another replica, where an exit now would cut it off. It had
+    # the drain time, and gets what is left of the goodbyes' bound too.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(goodbyes_began + GOODBYE_LIMIT_S):
+            await calls.wait_for_negotiations()
     for call, outcome in zip(left, ended, strict=True):
         if isinstance(outcome, Exception):  # one call's failure ends no other's goodbye
             log.error("ending a call failed", exc_info=outcome, extra={"call_id": call.id})

@@ -10,6 +10,9 @@ from pathlib import Path
 _DEFAULT_EPHEMERAL = (32768, 60999)
 _LOWEST = 10000
 _handed_out: set[int] = set()
+# Its own generator: a test that seeds the global one gets the same ports in
+# every run, and so does every process that runs it at once.
+_RANDOM = random.Random()
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -43,7 +46,7 @@ def free_port() -> int:
     and keeps retrying its TCP listener in the background. Ports already
     handed out in this process are not handed out again."""
     low, _ = _ephemeral_range()
-    candidates = random.sample(range(_LOWEST, low), 200) if low - _LOWEST >= 1000 else []
+    candidates = _RANDOM.sample(range(_LOWEST, low), 200) if low - _LOWEST >= 1000 else []
     for port in candidates:
         if port not in _handed_out and _bindable(port):
             _handed_out.add(port)
