@@ -21,7 +21,7 @@ from tests.realtime_events import typed
 from tests.silent_websocket import SilentWebSocket, let_go_of
 from voice_agent.client import RealtimeClient
 from voice_agent.realtime.input_audio import APPEND_BURST_S, INPUT_RATE, MAX_APPEND_SPEED
-from voice_agent.realtime.protocol import MAX_UNSENT_EVENT_BYTES
+from voice_agent.realtime.protocol import MAX_CLIENT_EVENT_BYTES, MAX_UNSENT_EVENT_BYTES
 from voice_agent.rtc.call import Call
 from voice_agent.ws.call import WebSocketCall
 from voice_agent.ws.closing import SLOW_CLIENT_CLOSE_CODE
@@ -154,6 +154,31 @@ async def test_a_call_the_front_ends_for_a_slow_client_is_recorded_as_such(
     async with asyncio.timeout(10):
         await call.closed.wait()
     assert call.close_reason == "slow_client"
+
+
+async def test_events_count_by_what_they_cost_to_parse(
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    # 256 KiB of empty arrays: ~87,000 values to build and walk for the
+    # nesting check, tens of ms of the loop every session shares; under a
+    # flat count, 100 of them a second were within the rate.
+    costly = '{"type":"x","a":[' + ",".join(["[]"] * 87_000) + "]}"
+    assert len(costly) <= MAX_CLIENT_EVENT_BYTES
+    server = await fake_server_factory()
+    async with http.ws_connect(ws_url(server.url), protocols=("realtime",), max_msg_size=0) as ws:
+        assert (await ws.receive_json())["type"] == "session.created"
+        for _ in range(20):
+            await ws.send_str(costly)
+        await asyncio.sleep(1.5)  # the budget refills
+        await ws.send_json({"type": "session.update", "session": {"instructions": "Hi."}})
+        codes = []
+        async with asyncio.timeout(30):
+            while (event := await ws.receive_json())["type"] != "session.updated":
+                codes.append(event["error"]["code"])
+    # Each one counts as ~175 events of the 200 a session may send at once
+    # and 100 a second: one parsed (a few on a slow host), the rest dropped unparsed.
+    assert 1 <= codes.count("unknown_event") <= 5, codes
+    assert "rate_limited" in codes
 
 
 def appended(seconds: float) -> list[str]:

@@ -40,14 +40,22 @@ def loads(raw: str | bytes) -> Any:
 
 def depth(value: Any) -> int:
     """How deeply arrays and objects nest (a scalar is 0), without recursion."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        if level > MAX_DEPTH:
+    if not isinstance(value, dict | list):
+        return 0
+    # Level by level, following containers only: most of a large value's
+    # elements are scalars, which only say that their level exists.
+    deepest, level = 0, [value]
+    while level:
+        below: list[Any] = []
+        populated = False
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            populated = populated or bool(children)
+            below.extend(c for c in children if isinstance(c, dict | list))
+        if not populated:
+            break
+        deepest += 1
+        if deepest > MAX_DEPTH:
             break  # deep enough to refuse: no need to walk the rest
-        if isinstance(item, dict):
-            stack.extend((child, level + 1) for child in item.values())
-        elif isinstance(item, list):
-            stack.extend((child, level + 1) for child in item)
+        level = below
     return deepest

@@ -111,7 +111,7 @@ class RealtimeProtocol:
     # -- inbound ------------------------------------------------------------
     def on_client_message(self, raw: str | bytes) -> None:
         """Handle one data-channel message; bad input becomes an ``error`` event."""
-        if not self._event_rate.admit():
+        if not self._event_rate.admit(raw):
             return
         self._client_events.handle(raw)
 
