@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.realtime_events import typed
-from tests.scripted_call import answered, ask, call, history, peer
+from tests.scripted_call import answered, ask, call, history, peer, refused
 from voice_agent.client import RealtimeClient
 from voice_agent.testing.scripted_llm import Script, ScriptedLlmServer, chat_text
 
@@ -132,4 +132,22 @@ async def test_response_options_this_server_cannot_honour_are_refused(
     for response, param in REFUSED_OPTIONS:
         error = await ask(call, {"type": "response.create", "response": response})
         assert error["type"] == "error" and error["error"]["param"] == param, (response, error)
+    assert peer.requests == []
+
+
+async def test_an_input_of_references_holds_no_more_words_than_an_event(
+    call: RealtimeClient, peer: ScriptedLlmServer
+) -> None:
+    # One item referenced again and again made an LLM request as large as
+    # the item times the references, from an event of a few hundred bytes.
+    item = typed("word " * 12_000)  # 60,000 characters
+    item["item"]["id"] = "item_long"
+    added = call.wait_for_type("conversation.item.done", after=len(call.events))
+    call.send(item)
+    await asyncio.wait_for(added, 5)
+    references = [{"type": "item_reference", "id": "item_long"}] * 5
+    error = await refused(
+        call, {"type": "response.create", "response": {"conversation": "none", "input": references}}
+    )
+    assert error["code"] == "input_too_large" and error["param"] == "response.input", error
     assert peer.requests == []

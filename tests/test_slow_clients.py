@@ -181,6 +181,72 @@ async def test_events_count_by_what_they_cost_to_parse(
     assert "rate_limited" in codes
 
 
+async def test_the_items_a_call_keeps_are_bounded_in_size(
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    # 24 items of ~240 KB (~5.8 MB): a thousand of them were all kept.
+    server = await fake_server_factory()
+    async with http.ws_connect(ws_url(server.url), protocols=("realtime",)) as ws:
+        assert (await ws.receive_json())["type"] == "session.created"
+        for index in range(24):
+            item = typed("word " * 48_000)
+            item["item"]["id"] = f"item_{index}"
+            await ws.send_json(item)
+        for item_id in ("item_0", "item_23"):
+            await ws.send_json({"type": "conversation.item.retrieve", "item_id": item_id})
+        answers: list[dict[str, Any]] = []
+        async with asyncio.timeout(30):
+            while len(answers) < 2:
+                event = await ws.receive_json()
+                if event["type"] in ("error", "conversation.item.retrieved"):
+                    answers.append(event)
+    forgotten, kept = answers
+    assert forgotten["type"] == "error" and forgotten["error"]["code"] == "item_not_found"
+    assert kept["type"] == "conversation.item.retrieved" and kept["item"]["id"] == "item_23"
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_typed_items_held_during_a_reply_are_bounded_by_the_history(
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    # Typed during a reply, an item waits for the reply's end to join the
+    # history, which keeps only the last few turns (--llm-history-turns):
+    # only those few are held, where every one was (373 MiB in 20 s).
+    server = await fake_server_factory()
+    async with http.ws_connect(ws_url(server.url), protocols=("realtime",)) as ws:
+        assert (await ws.receive_json())["type"] == "session.created"
+        await ws.send_json(typed("Say hello."))
+        await ws.send_json({"type": "response.create"})
+        async with asyncio.timeout(30):
+            while (await ws.receive_json())["type"] != "response.created":
+                pass
+            for index in range(30):
+                item = typed(f"note {index}")
+                item["item"]["id"] = f"item_held_{index}"
+                await ws.send_json(item)
+            # Still during the reply: a reference finds what is held.
+            for index in (0, 29):
+                reference = {"type": "item_reference", "id": f"item_held_{index}"}
+                await ws.send_json(
+                    {
+                        "type": "response.create",
+                        "event_id": f"evt_{index}",
+                        "response": {"conversation": "none", "input": [reference]},
+                    }
+                )
+            errors: dict[str, str] = {}
+            while (event := await ws.receive_json())["type"] != "response.done":
+                if event["type"] == "error":
+                    errors[event["error"].get("event_id")] = event["error"]["code"]
+    # The oldest is no longer held; the newest is (found, then refused only
+    # because a reply is going on).
+    assert errors == {
+        "evt_0": "item_not_found",
+        "evt_29": "conversation_already_has_active_response",
+    }, errors
+    await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
 def appended(seconds: float) -> list[str]:
     """``seconds`` of (silent) PCM16 at 24 kHz as append events of 0.5 s."""
     pcm = np.zeros(int(seconds * INPUT_RATE), dtype="<i2").tobytes()

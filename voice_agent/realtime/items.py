@@ -5,6 +5,7 @@ that work on them: ``conversation.item.retrieve``, ``.delete`` and
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -14,16 +15,22 @@ from voice_agent.session.session import ItemError, VoiceSession
 
 JsonDict = dict[str, Any]
 # Items kept for retrieval (the oldest are forgotten first); the history the
-# LLM sees is shorter still (--llm-history-turns).
+# LLM sees is shorter still (--llm-history-turns). Bounded in number and in
+# size: a client may add items of up to 256 KiB, and a thousand of them
+# held a quarter of a gigabyte for one call. An hour of talk is ~100 KB.
 MAX_ITEMS = 1024
+MAX_ITEM_CHARS = 4 * 1024 * 1024
 
 
 class ItemLog:
     """Items in conversation order, each as last told to the client."""
 
-    def __init__(self, limit: int = MAX_ITEMS) -> None:
+    def __init__(self, limit: int = MAX_ITEMS, max_chars: int = MAX_ITEM_CHARS) -> None:
         self._items: OrderedDict[str, JsonDict] = OrderedDict()
         self._limit = limit
+        self._max_chars = max_chars
+        self._sizes: dict[str, int] = {}  # item id -> characters of its JSON
+        self._chars = 0
         self._busy: set[str] = set()  # items still being transcribed or generated
 
     @property
@@ -34,10 +41,14 @@ class ItemLog:
         """Append an item; returns the id of the item before it."""
         previous = self.last_id
         self._items[item["id"]] = item
+        self._measure(item)
         if busy:
             self._busy.add(item["id"])
-        while len(self._items) > self._limit:
+        while len(self._items) > self._limit or (
+            self._chars > self._max_chars and len(self._items) > 1
+        ):
             forgotten, _ = self._items.popitem(last=False)
+            self._chars -= self._sizes.pop(forgotten, 0)
             self._busy.discard(forgotten)
         return previous
 
@@ -45,14 +56,26 @@ class ItemLog:
         """An item's final form (kept in its place)."""
         if item["id"] in self._items:
             self._items[item["id"]] = item
+            self._measure(item)
         self._busy.discard(item["id"])
+
+    def _measure(self, item: JsonDict) -> None:
+        size = len(json.dumps(item, separators=(",", ":")))
+        self._chars += size - self._sizes.get(item["id"], 0)
+        self._sizes[item["id"]] = size
 
     def get(self, item_id: str) -> JsonDict | None:
         return self._items.get(item_id)
 
     def remove(self, item_id: str) -> None:
         self._items.pop(item_id, None)
+        self._chars -= self._sizes.pop(item_id, 0)
         self._busy.discard(item_id)
+
+    @property
+    def chars(self) -> int:
+        """Characters of the items' JSON, what the log holds."""
+        return self._chars
 
     def busy(self, item_id: str) -> bool:
         return item_id in self._busy

@@ -25,6 +25,11 @@ from voice_agent.session.session import ResponseRequest
 
 JsonDict = dict[str, Any]
 MAX_INPUT_ITEMS = 256
+# The words of a reply's input, references resolved: no more than one event
+# could carry itself (client_events.MAX_CLIENT_EVENT_BYTES). A reference
+# repeats an item's words without their bytes (one 250 KiB item referenced
+# 256 times made a 62 MiB LLM request).
+MAX_INPUT_CHARS = 256 * 1024
 # OpenAI's limits on metadata.
 MAX_METADATA_KEYS = 16
 MAX_METADATA_KEY = 64
@@ -181,6 +186,14 @@ def _parse_input(
             messages.append(_message(given, where))
         else:
             raise unsupported(f"{where}.type", "only message and item_reference items")
+    size = sum(len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in messages)
+    if size > MAX_INPUT_CHARS:
+        raise ClientEventError(
+            "input_too_large",
+            f"the input's items hold {size} characters (their references counted each "
+            f"time); at most {MAX_INPUT_CHARS}",
+            "response.input",
+        )
     return tuple(messages)
 
 

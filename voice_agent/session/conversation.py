@@ -207,6 +207,11 @@ class Conversation:
         return None
 
     # -- bounds --------------------------------------------------------------
+    @property
+    def window(self) -> int:
+        """The most messages the history keeps (at least one)."""
+        return 2 * self.history_turns + 1
+
     def _append(self, entry: _Entry) -> None:
         self._entries.append(entry)
         self._trim()
@@ -227,7 +232,7 @@ def _trimmed(entries: list[_Entry], history_turns: int) -> list[_Entry]:
     it is added: before the next turn's prefill, so the two agree."""
     if not history_turns:
         return []
-    if len(entries) <= history_turns * 2 + 1:
+    if len(entries) <= 2 * history_turns + 1:  # Conversation.window
         return entries
     users = [i for i, entry in enumerate(entries) if entry.message.role == "user"]
     start = len(entries) - history_turns - 1

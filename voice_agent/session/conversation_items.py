@@ -27,6 +27,9 @@ class ConversationItems(SessionState):
         message, which joins the history only when the reply ends."""
         if self._replying():
             self._held_texts.append((text, item_id))
+            # Only the newest can be in the history's window once they join
+            # it (Conversation trims the rest): holding more holds memory.
+            del self._held_texts[: -self.conversation.window]
         else:
             self.conversation.add_user(text, item_id)
 
