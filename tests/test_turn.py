@@ -6,6 +6,7 @@ spoken turn through it."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -57,7 +58,8 @@ async def test_coturn_accepts_a_minted_credential_and_refuses_a_forged_or_expire
     turn: TurnServer,
 ) -> None:
     good = mint(turn.secret, "key_abc", ttl_s=600)
-    assert good.username == f"{good.expires_at}:key_abc"
+    assert re.fullmatch(rf"{good.expires_at}:key_abc\.[0-9a-f]{{8}}", good.username)
+    assert mint(turn.secret, "key_abc", ttl_s=600).username != good.username
     assert abs(good.expires_at - (time.time() + 600)) <= 2
     host, port = await allocate(turn, good.username, good.credential)
     assert host == "127.0.0.1" and port > 0

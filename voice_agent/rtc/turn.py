@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import math
 import re
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -41,10 +42,15 @@ class TurnCredential:
 
 
 def mint(secret: str, name: str, ttl_s: float, now: float | None = None) -> TurnCredential:
-    """A credential for ``name`` that expires ``ttl_s`` from ``now``."""
+    """A credential for ``name`` that expires ``ttl_s`` from ``now``.
+
+    Its user is the name and a random suffix, one per credential: coturn
+    counts its per-user quota on what follows the expiry, so a user shared
+    by every credential of a key (or by everyone, auth off) let a dozen
+    allocations of one caller lock that key's other callers out of TURN."""
     expires_at = math.floor((time.time() if now is None else now) + ttl_s)
     safe_name = _UNSAFE_NAME.sub("_", name)[:MAX_NAME_CHARS] or "anonymous"
-    username = f"{expires_at}:{safe_name}"
+    username = f"{expires_at}:{safe_name}.{secrets.token_hex(4)}"
     digest = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
     return TurnCredential(username, base64.b64encode(digest).decode("ascii"), expires_at)
 
