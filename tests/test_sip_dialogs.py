@@ -183,6 +183,11 @@ def test_where_an_offer_sends_the_audio() -> None:
     assert dialogs.moved(first, dialogs.media_target(offer(address="192.0.2.8")))
     assert dialogs.media_target(offer(port=0)) == ("192.0.2.7", 0)
     assert dialogs.media_target("v=0\r\ns=-\r\n") is None
+    # rtpengine reads "40000x" as 40000; this side refuses it before anything
+    # is set up, rather than failing once the call is made.
+    for port in ("40000x", "٤٠٠٠٠", "²"):
+        with pytest.raises(ValueError):
+            dialogs.media_target(offer().replace("m=audio 6000 ", f"m=audio {port} "))
 
 
 def test_a_version_goes_up_by_one() -> None:

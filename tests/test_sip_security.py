@@ -12,7 +12,11 @@ service, in the lab's network namespace (voice_agent/testing/sip_lab.py):
 - a trunk at its own call limit gets 503 with Retry-After, while another
   trunk's call is answered: one trunk cannot take the service's call slots;
 - so does a trunk over its own new calls a minute: one trunk cannot use up
-  the service's budget of new calls from the gateway either.
+  the service's budget of new calls from the gateway either;
+- an INVITE the gateway cannot read whole is refused before anything is set
+  up (it used to leave the service's call up, its trunk slot given back);
+- audio sent to a call's relay port from an address not the caller's is
+  not heard by the agent.
 
 The lab's gateway lists three trunks by address (A: the phone's, B and C);
 the service takes at most two calls, so without the per-trunk limit trunk A
@@ -25,15 +29,20 @@ import asyncio
 import hashlib
 import re
 import socket
+import struct
 import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import pytest_asyncio
 
+from voice_agent.audio.resample import StreamResampler
+from voice_agent.rtc.g711 import encoder_for
+from voice_agent.testing.audio_data import librivox
 from voice_agent.testing.sip_lab import (
     FLOODER,
     GATEWAY,
@@ -188,10 +197,12 @@ async def test_the_right_credentials_get_the_call_answered(
     assert run.code == 0, run.output
 
 
-def invite_text(source: str, uri: str, call_id: str, cseq: int, extra: str = "") -> bytes:
+def invite_text(
+    source: str, uri: str, call_id: str, cseq: int, extra: str = "", audio_port: str = "40000"
+) -> bytes:
     sdp = (
         f"v=0\r\no=- 1 1 IN IP4 {source}\r\ns=-\r\nc=IN IP4 {source}\r\nt=0 0\r\n"
-        "m=audio 40000 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
+        f"m=audio {audio_port} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
     )
     return (
         f"INVITE {uri} SIP/2.0\r\n"
@@ -364,3 +375,94 @@ def test_the_settings_are_checked_before_the_gateway_starts(tmp_path: Path) -> N
         [sys.executable, str(check)], env={}, capture_output=True, text=True, check=False
     )
     assert opened.returncode == 0 and "OPEN TO ANYONE" in opened.stderr
+
+
+async def test_an_invite_the_gateway_cannot_read_leaves_nothing_set_up(lab: SipLab) -> None:
+    """What rtpengine and Kamailio take but Python cannot read: a port with
+    a letter after it (rtpengine reads "40000x" as 40000), a Contact with a
+    byte that is not UTF-8. Read only once the service had made the call,
+    each left that call (and its media) up for the call's whole length, its
+    trunk slot given back: one trunk could fill the service."""
+    before = await calls_total(lab)
+    uri = f"sip:{NUMBER}@{GATEWAY}:5060"
+    bad_port = invite_text(PHONE, uri, f"{uuid.uuid4().hex}@{PHONE}", 1, audio_port="40000x")
+    bad_contact = invite_text(TRUNK_B, uri, f"{uuid.uuid4().hex}@{TRUNK_B}", 1).replace(
+        b"Contact: <sip:pbx@", b'Contact: "\xff" <sip:pbx@'
+    )
+    for source, invite in ((PHONE, bad_port), (TRUNK_B, bad_contact)):
+        reply = await final_reply(lab, source, invite, 5060)
+        assert reply.startswith("SIP/2.0 400"), reply
+    assert await calls_total(lab) == before  # the service never made a call
+    assert lab.media_calls() == []  # nor did rtpengine keep one
+
+
+def rtp_packet(ssrc: int, sequence: int, payload: bytes) -> bytes:
+    header = struct.pack("!BBHII", 0x80, 0, sequence & 0xFFFF, (sequence * 160) & 0xFFFFFFFF, ssrc)
+    return header + payload
+
+
+def pcmu_frames(samples: np.ndarray) -> list[bytes]:
+    """16 kHz speech as 20 ms PCMU payloads."""
+    wide = StreamResampler(16_000, 48_000).process(samples.astype(np.int16))
+    encoder = encoder_for("audio/PCMU")
+    return [encoder.encode(wide[i : i + 960]) for i in range(0, len(wide) - 959, 960)]
+
+
+def in_dialog(invite: bytes, answer: str, method: str, cseq: int) -> bytes:
+    """``method`` within the call ``invite`` set up and ``answer`` answered."""
+    lines = invite.decode().split("\r\n")
+    header = {line.split(":", 1)[0]: line for line in lines[1:] if ":" in line}
+    to = next(line for line in answer.split("\r\n") if line.lower().startswith("to:"))
+    via = header["Via"].split(";branch=")[0] + f";branch=z9hG4bK{uuid.uuid4().hex}"
+    return (
+        f"{method} {lines[0].split()[1]} SIP/2.0\r\n{via}\r\n{header['From']}\r\n{to}\r\n"
+        f"{header['Call-ID']}\r\nCSeq: {cseq} {method}\r\nMax-Forwards: 70\r\n"
+        "Content-Length: 0\r\n\r\n"
+    ).encode()
+
+
+async def test_audio_from_an_address_not_the_callers_is_not_heard(lab: SipLab) -> None:
+    """Anyone who reaches the relay's ports could speak into another
+    person's call: rtpengine forwarded media from any source. The caller
+    sends silence; a stranger (no trunk, no SIP) sends a spoken sentence to
+    the same port, and the agent must not hear it."""
+    requests_before = len(lab.llm.requests)
+    uri = f"sip:{NUMBER}@{GATEWAY}:5060"
+    invite = invite_text(PHONE, uri, f"{uuid.uuid4().hex}@{PHONE}", 1)
+    answer = await final_reply(lab, PHONE, invite, 5060)
+    assert answer.startswith("SIP/2.0 200"), answer
+    signalling = lab.namespace.new_socket(socket.SOCK_DGRAM)
+    signalling.bind((PHONE, 5096))
+    signalling.sendto(in_dialog(invite, answer, "ACK", 1), (GATEWAY, 5060))
+    relay_port = int(re.search(r"^m=audio (\d+)", answer, re.M).group(1))  # type: ignore[union-attr]
+    phone, stranger = (lab.namespace.new_socket(socket.SOCK_DGRAM) for _ in range(2))
+    phone.bind((PHONE, 40000))
+    stranger.bind((STRANGER, 45000))
+    for sock in (phone, stranger):
+        sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    speech = pcmu_frames(librivox("0880"))
+    try:
+        # 20 ms packets: the caller's silence throughout, the stranger's
+        # sentence from 1 s in, then quiet for the agent to have answered.
+        for index in range(50 + len(speech) + 150):
+            await loop.sock_sendto(
+                phone, rtp_packet(0x1111, index, b"\xff" * 160), (GATEWAY, relay_port)
+            )
+            if 50 <= index < 50 + len(speech):
+                packet = rtp_packet(0x2222, 7000 + index, speech[index - 50])
+                await loop.sock_sendto(stranger, packet, (GATEWAY, relay_port))
+            await asyncio.sleep(0.02)
+    finally:
+        phone.close()
+        stranger.close()
+        with signalling:
+            signalling.sendto(in_dialog(invite, answer, "BYE", 2), (GATEWAY, 5060))
+    heard = [
+        m["content"]
+        for _, body in lab.llm.requests[requests_before:]
+        for m in body.get("messages", [])
+        if m.get("role") == "user"
+    ]
+    assert heard == [], heard
+    await lab.wait_until_idle()

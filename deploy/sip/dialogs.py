@@ -311,7 +311,10 @@ class InDialog:
         """The answer to an offer within the call, the service told of a hold
         or a resume on the way; None once refused (488, or the service's
         trouble), the call as it was."""
-        target = media_target(offer)
+        try:
+            target = media_target(offer)
+        except ValueError:  # no port rtpengine and this side read alike
+            target = None
         if target is None or target[1] == 0:
             KSR.tm.t_reply(488, "Not Acceptable Here (the audio stream is required)")
             return None

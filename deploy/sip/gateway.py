@@ -58,15 +58,18 @@ MIN_SE = int(os.environ.get("SIP_MIN_SE") or dialogs.DEFAULT_MIN_SE)
 
 CANCELLED = "cancelled"  # htable: Call-ID -> 1 once the caller has cancelled
 
-# The service's side of rtpengine: what a browser would offer.
+# The service's side of rtpengine: what a browser would offer. strict-source
+# on both: once rtpengine has learnt where a side's media comes from, media
+# from anywhere else is dropped. Without it, anyone who reaches the relay's
+# ports could speak into a call (the agent took it for the caller's words).
 OFFER_FLAGS = {
     "transport-protocol": "UDP/TLS/RTP/SAVPF",
     "ICE": "force",
     "rtcp-mux": ["offer"],
-    "flags": ["generate-mid", "SDES-off"],
+    "flags": ["generate-mid", "SDES-off", "strict-source"],
     "replace": ["origin", "session-connection"],
 }
-ANSWER_FLAGS = {"replace": ["origin", "session-connection"]}
+ANSWER_FLAGS = {"flags": ["strict-source"], "replace": ["origin", "session-connection"]}
 
 # The service's refusals, as SIP answers to the caller.
 SIP_FOR_HTTP = {
@@ -194,6 +197,25 @@ class Gateway(Defences, CallTable):
             return False
         if (timer := self.dialogs.session_timer()) is None:
             return False  # refused: 420 or 422, before anything is set up
+        try:
+            # All the call needs from the request, read before anything is
+            # set up for it: bytes that are not UTF-8, or an SDP rtpengine
+            # takes and Python cannot read ("m=audio 40000x"), are refused
+            # here, not after the service made a call nothing would end.
+            phone = {
+                "from": KSR.pv.get("$tu"),
+                "to": KSR.pv.get("$fu"),
+                "target": KSR.pv.get("$ct") or "",
+                "routes": self.record_routes(),
+                "media": dialogs.media_target(body),
+                "source": KSR.pv.get("$si"),
+                "caller_id": header_value(KSR.pv.get("$fU") or ""),
+                "called": header_value(KSR.pv.get("$rU") or ""),
+            }
+        except ValueError as exc:  # UnicodeDecodeError is one
+            log("info", f"INVITE {call_id} refused: {exc!r}")
+            KSR.tm.t_reply(400, "Bad Request")
+            return False
         KSR.tm.t_reply(100, "Trying")
         try:
             offer = ng.command(
@@ -214,11 +236,11 @@ class Gateway(Defences, CallTable):
                     "Content-Type": "application/sdp",
                     # Whatever the far end put in From and the Request-URI:
                     # the service treats both as untrusted.
-                    "X-Caller-Id": header_value(KSR.pv.get("$fU") or ""),
-                    "X-Called-Number": header_value(KSR.pv.get("$rU") or ""),
+                    "X-Caller-Id": phone["caller_id"],
+                    "X-Called-Number": phone["called"],
                 },
             )
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             log("err", f"the service is unreachable for {call_id}: {exc}")
             self.forget_media(call_id, from_tag)
             KSR.tm.t_reply(503, "Service Unavailable")
@@ -232,6 +254,26 @@ class Gateway(Defences, CallTable):
                 KSR.hdr.append_to_reply(f"Retry-After: {retry_after}\r\n")
             KSR.tm.t_reply(code, reason)
             return False
+        try:
+            return self.answer_call(trunk, call_id, from_tag, location, answer, phone, timer)
+        except BaseException:
+            # The service made the call: whatever failed, nothing else would end it.
+            self.end_service_call(location)
+            self.forget_media(call_id, from_tag)
+            raise
+
+    def answer_call(
+        self,
+        trunk: str,
+        call_id: str,
+        from_tag: str,
+        location: str,
+        answer: str,
+        phone: dict[str, Any],
+        timer: dialogs.Timer,
+    ) -> bool:
+        """The phone answered with the service's call (``location``): True
+        once answered; on False, the service call and the media are ended."""
         if KSR.htable.sht_get(CANCELLED, call_id) is not None:
             self.end_service_call(location)
             self.forget_media(call_id, from_tag)
@@ -262,17 +304,17 @@ class Gateway(Defences, CallTable):
             "to_tag": to_tag,
             # This side's BYE: From and To swap, to the phone's Contact, along
             # the route the INVITE recorded.
-            "from": KSR.pv.get("$tu"),
-            "to": KSR.pv.get("$fu"),
-            "target": KSR.pv.get("$ct") or "",
-            "routes": self.record_routes(),
+            "from": phone["from"],
+            "to": phone["to"],
+            "target": phone["target"],
+            "routes": phone["routes"],
             # The phone side's SDP: the answer as rtpengine made it, the one
             # last sent (dialogs.py: hold, formats, versions), the call's
             # codec and where the phone's first offer sent the audio.
             "first_answer": dialogs.normalized(phone_answer),
             "answer": dialogs.normalized(phone_answer),
             "codec": "/".join(dialogs.codec_of(phone_answer) or ()),
-            "media": dialogs.media_target(body),
+            "media": phone["media"],
             # For rtpengine when the phone moves its audio: the service's answer.
             "service_answer": answer,
             "held": False,
@@ -282,7 +324,7 @@ class Gateway(Defences, CallTable):
             # Whose slot the call holds, and where its in-dialog requests may
             # come from besides the trunk's listed addresses.
             "trunk": trunk,
-            "source": KSR.pv.get("$si"),
+            "source": phone["source"],
         }
         KSR.htable.sht_sets(CALLS, call_id, json.dumps(call))
         KSR.hdr.append_to_reply(f"Contact: <{CONTACT}>\r\n{dialogs.CAPABILITIES}{timer.headers()}")

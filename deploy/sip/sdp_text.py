@@ -92,7 +92,10 @@ def media_target(sdp: str) -> tuple[str, int] | None:
     if audio is None:
         return None
     fields = audio[0].split()
-    port = int(fields[1].split("/")[0]) if len(fields) > 1 and fields[1][:1].isdigit() else 0
+    port_text = fields[1].split("/")[0] if len(fields) > 1 else ""
+    if not (port_text.isascii() and port_text.isdigit()):
+        raise ValueError(f"no port in the SDP's audio line: {audio[0][:80]!r}")
+    port = int(port_text)
     return connection_of(session, audio), port
 
 
