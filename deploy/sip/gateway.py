@@ -35,7 +35,6 @@ import math
 import os
 import sys
 import time
-import urllib.parse
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,14 +44,11 @@ import KSR  # type: ignore[import-not-found]  # Kamailio's module, there only in
 import ng
 from call_table import CALLS, CallTable
 from defences import ACCESS, TRUNK_RETRY_AFTER_S, Defences, header_value, log
+from service_http import CALLS_PATH, SIP_FOR_HTTP, http_request
 
-SERVICE = urllib.parse.urlsplit(os.environ.get("VOICE_AGENT_URL", "http://127.0.0.1:8080"))
-API_KEY = os.environ.get("VOICE_AGENT_API_KEY", "")
 NG_HOST, _, NG_PORT = os.environ.get("RTPENGINE_NG", "127.0.0.1:2223").rpartition(":")
 NG_ADDRESS = (NG_HOST, int(NG_PORT))
 CONTACT = os.environ.get("GATEWAY_CONTACT", "sip:agent@127.0.0.1:5060")
-HTTP_TIMEOUT_S = float(os.environ.get("VOICE_AGENT_TIMEOUT_S", "15"))
-CALLS_PATH = SERVICE.path.rstrip("/") + "/v1/realtime/calls"
 # The shortest session interval (RFC 4028's Min-SE) accepted, in seconds.
 MIN_SE = int(os.environ.get("SIP_MIN_SE") or dialogs.DEFAULT_MIN_SE)
 
@@ -71,42 +67,9 @@ OFFER_FLAGS = {
 }
 ANSWER_FLAGS = {"flags": ["strict-source"], "replace": ["origin", "session-connection"]}
 
-# The service's refusals, as SIP answers to the caller.
-SIP_FOR_HTTP = {
-    400: (488, "Not Acceptable Here"),
-    401: (403, "Forbidden"),
-    403: (403, "Forbidden"),
-    413: (488, "Not Acceptable Here"),
-    429: (503, "Service Unavailable"),
-    503: (503, "Service Unavailable"),
-}
-
 
 def mod_init() -> Gateway:
     return Gateway()
-
-
-def http_request(
-    method: str, path: str, body: str | None = None, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], str]:
-    """One request to the service: status, headers, body (raises OSError)."""
-    connection_type = (
-        http.client.HTTPSConnection if SERVICE.scheme == "https" else http.client.HTTPConnection
-    )
-    connection = connection_type(SERVICE.netloc, timeout=HTTP_TIMEOUT_S)
-    try:
-        sent = dict(headers or {})
-        if API_KEY:
-            sent["Authorization"] = f"Bearer {API_KEY}"
-        connection.request(method, path, body=body.encode() if body else None, headers=sent)
-        response = connection.getresponse()
-        return (
-            response.status,
-            dict(response.getheaders()),
-            response.read().decode(errors="replace"),
-        )
-    finally:
-        connection.close()
 
 
 def uri_of(name_addr: str) -> str:
