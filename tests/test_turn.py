@@ -23,7 +23,7 @@ from tests.conftest import test_settings as settings_with
 from tests.turn_server import TurnServer, coturn
 from voice_agent.client import RealtimeClient, fetch_ice_servers
 from voice_agent.rtc.call import Call
-from voice_agent.rtc.turn import mint
+from voice_agent.rtc.turn import TURN_USERS_PER_NAME, mint
 from voice_agent.testing.audio_data import librivox, silence
 
 KEY = "sk-turn-test-0123456"
@@ -124,6 +124,20 @@ async def test_ice_servers_need_a_key_and_carry_fresh_turn_credentials(
     assert name.startswith("key_")  # the key's id, never the key
     # What a client is handed, coturn accepts.
     await allocate(turn, relay["username"], relay["credential"])
+    # coturn's quota counts per user: a key's credentials are spread over a
+    # few users, never more, so one caller can neither lock out the key's
+    # other callers (one user for all) nor take the server (one per request).
+    users = set()
+    for _ in range(40):
+        async with http.get(server.url + "/v1/ice-servers", headers=headers) as answer:
+            users.add((await answer.json())["ice_servers"][1]["username"].split(":")[1])
+    assert 2 <= len(users) <= TURN_USERS_PER_NAME, users
+    assert all(user.startswith(name.rsplit(".", 1)[0] + ".") for user in users)
+    # Without keys, each client address is a name of its own.
+    open_server = await server_factory(turn_secret=turn.secret, turn_urls=[turn.url])
+    async with http.get(open_server.url + "/v1/ice-servers") as answer:
+        (relay,) = (await answer.json())["ice_servers"]
+    assert relay["username"].split(":")[1].startswith("anon-127.0.0.1.")
 
 
 async def test_without_turn_a_client_is_handed_no_credentials(

@@ -32,6 +32,13 @@ from voice_agent.config import Settings
 # What coturn keeps of a name after the expiry and its ':' separator.
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.@-]")
 MAX_NAME_CHARS = 64
+# The TURN users a caller's credentials are spread over. coturn's quota is
+# per user (user-quota, 12 in the shipped config): one user for all of a
+# key's credentials let one caller lock the key's others out; one user per
+# credential let one key take the whole server (total-quota, 100) with nine
+# requests. Four: a key holds at most 48 allocations, and its callers share
+# four quotas.
+TURN_USERS_PER_NAME = 4
 
 
 @dataclass(frozen=True)
@@ -41,16 +48,18 @@ class TurnCredential:
     expires_at: int
 
 
-def mint(secret: str, name: str, ttl_s: float, now: float | None = None) -> TurnCredential:
+def mint(
+    secret: str, name: str, ttl_s: float, now: float | None = None, lane: str | None = None
+) -> TurnCredential:
     """A credential for ``name`` that expires ``ttl_s`` from ``now``.
 
-    Its user is the name and a random suffix, one per credential: coturn
-    counts its per-user quota on what follows the expiry, so a user shared
-    by every credential of a key (or by everyone, auth off) let a dozen
-    allocations of one caller lock that key's other callers out of TURN."""
+    coturn counts its per-user quota on what follows the expiry: the name
+    and ``lane``, one of a few (client_ice_servers), or one of its own when
+    None (the server's own credential of each call)."""
     expires_at = math.floor((time.time() if now is None else now) + ttl_s)
     safe_name = _UNSAFE_NAME.sub("_", name)[:MAX_NAME_CHARS] or "anonymous"
-    username = f"{expires_at}:{safe_name}.{secrets.token_hex(4)}"
+    lane = secrets.token_hex(4) if lane is None else _UNSAFE_NAME.sub("_", lane)
+    username = f"{expires_at}:{safe_name}.{lane}"
     digest = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
     return TurnCredential(username, base64.b64encode(digest).decode("ascii"), expires_at)
 
@@ -67,7 +76,8 @@ def client_ice_servers(settings: Settings, name: str) -> tuple[list[dict[str, ob
         servers.append({"urls": stun})
     if settings.turn_secret is None or not settings.turn_urls:
         return servers, None
-    minted = mint(settings.turn_secret, name, settings.turn_ttl_s)
+    lane = str(secrets.randbelow(TURN_USERS_PER_NAME))
+    minted = mint(settings.turn_secret, name, settings.turn_ttl_s, lane=lane)
     turn = {"urls": list(settings.turn_urls), "username": minted.username}
     servers.append({**turn, "credential": minted.credential})
     return servers, minted.expires_at

@@ -7,7 +7,8 @@ page on a server without keys and a browser app's backend (which fetches it
 next to the client secret and hands the page both) all get them the same
 way, and OpenAI's client-secret shape stays as it is. It needs an API key
 where offers do (a TURN relay is worth abusing); the credentials name the
-key's id, so the TURN server's logs say whose they were.
+key's id (without keys, the client's address), so the TURN server's logs
+say whose they were, and its quotas count per key.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ async def ice_servers(request: web.Request) -> web.StreamResponse:
         return error_response(exc.status, exc.code, str(exc))
     if (refused := request_rate_refusal(request, caller.key_id if caller else None)) is not None:
         return refused
-    servers, expires_at = client_ice_servers(
-        request.app[SETTINGS], caller.key_id if caller is not None else "anonymous"
-    )
+    # Named by the key, or without keys by the client's address: each is
+    # held to its own few TURN users (rtc/turn.py).
+    name = caller.key_id if caller is not None else f"anon-{request.remote or 'unknown'}"
+    servers, expires_at = client_ice_servers(request.app[SETTINGS], name)
     # Credentials: never kept by a cache on the way.
     return web.json_response(
         {"ice_servers": servers, "expires_at": expires_at},
