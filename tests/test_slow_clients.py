@@ -23,6 +23,7 @@ from voice_agent.client import RealtimeClient
 from voice_agent.realtime.input_audio import APPEND_BURST_S, INPUT_RATE, MAX_APPEND_SPEED
 from voice_agent.realtime.protocol import MAX_CLIENT_EVENT_BYTES, MAX_UNSENT_EVENT_BYTES
 from voice_agent.rtc.call import Call
+from voice_agent.testing.scripted_llm import Script, ScriptedLlmServer, chat_text
 from voice_agent.ws.call import WebSocketCall
 from voice_agent.ws.closing import SLOW_CLIENT_CLOSE_CODE
 
@@ -207,12 +208,14 @@ async def test_the_items_a_call_keeps_are_bounded_in_size(
 
 
 async def test_typed_items_held_during_a_reply_are_bounded_by_the_history(
-    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession, fake_llm: ScriptedLlmServer
 ) -> None:
     # Typed during a reply, an item waits for the reply's end to join the
     # history, which keeps only the last few turns (--llm-history-turns):
     # only those few are held, where every one was (373 MiB in 20 s).
     server = await fake_server_factory()
+    # A reply long enough (seconds of speech) for what is sent during it.
+    fake_llm.add(Script(events=chat_text("one two three four five six seven eight " * 4)))
     async with http.ws_connect(ws_url(server.url), protocols=("realtime",)) as ws:
         assert (await ws.receive_json())["type"] == "session.created"
         await ws.send_json(typed("Say hello."))

@@ -324,7 +324,14 @@ class InDialog:
             KSR.tm.t_reply(488, "Not Acceptable Here (the call's codec is required)")
             return None
         now = call.get("media")
-        if now and moved((now[0], int(now[1])), target):
+        held = direction_of(offer) in HELD
+        # rtpengine keeps the address it learnt from the phone's first packet
+        # and drops audio from anywhere else (gateway.py, strict-source): it is
+        # offered the audio again when the phone moves it, and on a resume,
+        # whose packets may come through a NAT mapping the hold let expire.
+        resuming = call.get("held", False) and not held
+        moving = bool(now) and moved((now[0], int(now[1])), target)
+        if now and (moving or resuming):
             try:
                 first_answer = normalized(self.gateway.move_media(call_id, call, offer))
             except Exception as exc:
@@ -333,8 +340,11 @@ class InDialog:
                 return None
             call.update(first_answer=first_answer, media=target)
             answer = next_answer(first_answer, call["answer"], offer) or answer
-            log("info", f"call {call_id}: its audio moved to {target[0]}:{target[1]}")
-        held = direction_of(offer) in HELD
+            where = f"{target[0]}:{target[1]}"
+            log(
+                "info",
+                f"call {call_id}: its audio {'moved to' if moving else 'learnt again at'} {where}",
+            )
         # A phone that offers recvonly or inactive will send nothing: its
         # silence is no lost peer (recvonly is no hold: the agent speaks on).
         sending = direction_of(offer) in SENDING

@@ -153,7 +153,11 @@ class Gateway(Defences, CallTable):
             KSR.sl.sl_reply_error()
             return False
         call_id, from_tag = KSR.pv.get("$ci"), KSR.pv.get("$ft")
-        body = KSR.pv.get("$rb") or ""
+        try:
+            body = KSR.pv.get("$rb") or ""
+        except ValueError:  # not UTF-8 (UnicodeDecodeError)
+            KSR.tm.t_reply(400, "Bad Request")
+            return False
         if "m=audio" not in body:
             # A late offer (no SDP) would need the service to offer: not supported.
             KSR.tm.t_reply(488, "Not Acceptable Here (an SDP offer is required)")
@@ -403,7 +407,7 @@ class Gateway(Defences, CallTable):
                 continue
             try:
                 status, _, _ = http_request("GET", call["location"])
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 continue  # the service unreachable: ask again next time
             if status != 404 or self.take_call(call_id) is None:
                 continue  # alive, or the caller's BYE came first
@@ -431,7 +435,7 @@ class Gateway(Defences, CallTable):
     def end_service_call(location: str) -> None:
         try:
             http_request("DELETE", location)
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             log("warn", f"DELETE {location} failed: {exc}")
 
     @staticmethod
