@@ -168,7 +168,7 @@ async def test_events_count_by_what_they_cost_to_parse(
     server = await fake_server_factory()
     async with http.ws_connect(ws_url(server.url), protocols=("realtime",), max_msg_size=0) as ws:
         assert (await ws.receive_json())["type"] == "session.created"
-        for _ in range(20):
+        for _ in range(30):
             await ws.send_str(costly)
         await asyncio.sleep(1.5)  # the budget refills
         await ws.send_json({"type": "session.update", "session": {"instructions": "Hi."}})
@@ -176,9 +176,10 @@ async def test_events_count_by_what_they_cost_to_parse(
         async with asyncio.timeout(30):
             while (event := await ws.receive_json())["type"] != "session.updated":
                 codes.append(event["error"]["code"])
-    # Each one counts as ~175 events of the 200 a session may send at once
-    # and 100 a second: one parsed (a few on a slow host), the rest dropped unparsed.
-    assert 1 <= codes.count("unknown_event") <= 5, codes
+    # Each one counts as ~88 events of the 200 a session may send at once
+    # and 100 a second: two parsed at once, one more each 0.9 s the sending
+    # takes (a few on a slow host), the rest dropped unparsed.
+    assert 2 <= codes.count("unknown_event") <= 10, codes
     assert "rate_limited" in codes
 
 
@@ -248,6 +249,28 @@ async def test_typed_items_held_during_a_reply_are_bounded_by_the_history(
         "evt_29": "conversation_already_has_active_response",
     }, errors
     await asyncio.wait_for(server.calls.wait_for_count(0), 10)
+
+
+async def test_a_few_large_tool_outputs_sent_at_once_are_all_taken(
+    fake_server_factory: ServerFactory, http: aiohttp.ClientSession
+) -> None:
+    # What a client sends back for parallel tool calls: each output a JSON
+    # text of 60,000 numbers, 180 KB (its commas count, in a string or not).
+    output = json.dumps([0] * 60_000)
+    server = await fake_server_factory()
+    async with http.ws_connect(ws_url(server.url), protocols=("realtime",)) as ws:
+        assert (await ws.receive_json())["type"] == "session.created"
+        for index in range(5):
+            item = {"type": "function_call_output", "call_id": f"call_{index}", "output": output}
+            await ws.send_json({"type": "conversation.item.create", "item": item})
+        codes: list[str] = []
+        async with asyncio.timeout(30):
+            while len(codes) < 5:
+                event = await ws.receive_json()
+                if event["type"] == "error":
+                    codes.append(event["error"]["code"])
+    # Each was read and judged (no such call is waiting), none dropped unread.
+    assert codes == ["invalid_value"] * 5, codes
 
 
 def appended(seconds: float) -> list[str]:
