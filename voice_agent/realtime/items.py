@@ -72,11 +72,6 @@ class ItemLog:
         self._chars -= self._sizes.pop(item_id, 0)
         self._busy.discard(item_id)
 
-    @property
-    def chars(self) -> int:
-        """Characters of the items' JSON, what the log holds."""
-        return self._chars
-
     def busy(self, item_id: str) -> bool:
         return item_id in self._busy
 

@@ -58,8 +58,7 @@ def mint(
     None (the server's own credential of each call)."""
     expires_at = math.floor((time.time() if now is None else now) + ttl_s)
     safe_name = _UNSAFE_NAME.sub("_", name)[:MAX_NAME_CHARS] or "anonymous"
-    lane = secrets.token_hex(4) if lane is None else _UNSAFE_NAME.sub("_", lane)
-    username = f"{expires_at}:{safe_name}.{lane}"
+    username = f"{expires_at}:{safe_name}.{secrets.token_hex(4) if lane is None else lane}"
     digest = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
     return TurnCredential(username, base64.b64encode(digest).decode("ascii"), expires_at)
 

@@ -45,8 +45,7 @@ async def close_client_websocket(
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
-            if transport is not None:
-                transport.abort()
+            _abort_unless_released(transport)
             raise
         # Nothing was cancelled here: aiohttp's close waited on the drain
         # future of a writer cancelled mid-send (a client that stopped
@@ -59,12 +58,11 @@ async def close_client_websocket(
         if transport is not None and not _released(transport):
             loop.call_later(max(0.0, deadline - loop.time()), _abort_unless_released, transport)
         return
+    _abort_unless_released(transport)  # what the client never read goes with it
+
+
+def _abort_unless_released(transport: asyncio.Transport | None) -> None:
     if transport is not None and not _released(transport):
-        transport.abort()  # what the client never read goes with it
-
-
-def _abort_unless_released(transport: asyncio.Transport) -> None:
-    if not _released(transport):
         transport.abort()
 
 
