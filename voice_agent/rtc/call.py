@@ -227,6 +227,15 @@ class Call(CallCore):
         except InboundAudioStopped as exc:
             log.warning("peer lost", extra={"call_id": self.id, "error": str(exc)})
             self.close_soon("peer_lost")
+            return
+        # The track ended without our close: the peer sent an RTCP BYE (a
+        # phone gateway's hang-up) or its DTLS went away. aiortc stops the
+        # receiver's decoding for good then, so the call could never hear
+        # the caller again: end it now rather than leave a deaf call up
+        # until ICE consent fails (~30 s).
+        if not self.closing:
+            log.info("caller's audio ended", extra={"call_id": self.id})
+            self.close_soon("peer_bye")
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL or self._channel is not None:
