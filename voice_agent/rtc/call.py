@@ -231,8 +231,9 @@ class Call(CallCore):
         # The track ended without our close: the peer sent an RTCP BYE (a
         # phone gateway's hang-up) or its DTLS went away. aiortc stops the
         # receiver's decoding for good then, so the call could never hear
-        # the caller again: end it now rather than leave a deaf call up
-        # until ICE consent fails (~30 s).
+        # the caller again: end it now rather than leave a deaf call up for
+        # as long as the connection lasts (ICE and DTLS may stay up after a
+        # BYE: a gateway keeps its side until it is told to hang up).
         if not self.closing:
             log.info("caller's audio ended", extra={"call_id": self.id})
             self.close_soon("peer_bye")
