@@ -18,6 +18,7 @@ import os
 import re
 import site
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,6 +61,9 @@ def media_workers(settings: Settings, capacity: int | None = None) -> int:
 
 
 WORKER_ID = re.compile(r"rtc_w(\d+)_[A-Za-z0-9]+")
+# Ended calls a worker remembers, so an answer read after its call's end
+# still gives back the call's reservation.
+ENDED_KEPT = 256
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 RESTART_BACKOFF_S = (1.0, 30.0)  # first wait, then doubling up to this
@@ -81,6 +85,7 @@ class Worker:
     # yet: they keep their reservation until it does, so a burst of offers
     # never sees this worker emptier than it is.
     unseen: set[str] = field(default_factory=set)
+    ended_lately: OrderedDict[str, None] = field(default_factory=OrderedDict)
     up: bool = False
     # Launched ahead, importing its code and loading its own models while the
     # front loads the shared ones: it waits for its links on stdin.
@@ -97,11 +102,23 @@ class Worker:
         self.reserved = max(0, self.reserved - 1)  # zeroed already if it died meanwhile
 
     def answered(self, call_id: str) -> None:
-        """An offer sent here made this call."""
-        if call_id in self.live:
+        """An offer sent here made this call. Its start, and even its end,
+        may have been reported already (a call that failed at once while
+        this process was busy): either way its reservation is given back."""
+        if call_id in self.live or call_id in self.ended_lately:
             self.release()
         else:
             self.unseen.add(call_id)
+
+    def over(self, call_id: str) -> None:
+        """The stream reported this call ended (or a snapshot left it out)."""
+        self.live.discard(call_id)
+        self.ended_lately[call_id] = None
+        while len(self.ended_lately) > ENDED_KEPT:
+            self.ended_lately.popitem(last=False)
+        if call_id in self.unseen:  # answered, its start never reported
+            self.unseen.discard(call_id)
+            self.release()
 
     def knows(self, call_id: str) -> bool:
         """A call of this worker's: live, or answered and not reported yet."""
@@ -299,10 +316,13 @@ class WorkerPool:
                     async for raw in response.content:
                         event = json.loads(raw)
                         if "live" in event:
+                            # A snapshot: an answered call left out of it is
+                            # over (its whole life may have fallen in a gap
+                            # of the stream), and so is a live one left out.
                             live = set(event["live"])
-                            self._ended(worker, worker.live - live)
+                            self._ended(worker, (worker.live | worker.unseen) - live)
                             worker.live = live
-                            worker.seen(set(worker.unseen))  # answered: live, or over already
+                            worker.seen(set(worker.unseen))  # answered and live
                         elif "started" in event:
                             worker.live.add(event["started"])
                             worker.seen({event["started"]})
@@ -324,7 +344,7 @@ class WorkerPool:
 
     def _ended(self, worker: Worker, call_ids: set[str]) -> None:
         for call_id in call_ids:
-            worker.live.discard(call_id)
+            worker.over(call_id)
             for listener in self.listeners:
                 listener("ended", call_id)
 
@@ -337,7 +357,7 @@ class WorkerPool:
             assert process is not None
             code = await process.wait()
             worker.up = False
-            self._ended(worker, set(worker.live))
+            self._ended(worker, worker.live | worker.unseen)  # answered calls too
             worker.reserved = 0
             worker.unseen.clear()
             if self._stopping or self._draining:
