@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 CACHE_FOLDER = "onnx-whisper"
 # Graphs of this many model-and-builder keys stay in the cache (another
-# model's, the last build's); older ones (~104 MB a key for Whisper base)
+# model's, the last build's); older ones (~89 MB a key for Whisper base)
 # are removed when a new set is written.
 KEPT_KEYS = 3
 # A folder that held the decoder's graphs alone (~57 MB for Whisper base),

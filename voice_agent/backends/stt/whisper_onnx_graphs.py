@@ -6,7 +6,8 @@ The encoder graph takes a batch of log-mel windows of any even length (the
 trimmed window) and gives the audio's states. Its weights are int8 a column
 and its activations quantised on the fly (``DynamicQuantizeMatMul``): a
 whole window of frames a product, where that kernel is fastest; all but the
-feed-forward's second product, which stays float32.
+feed-forward's second product, whose weights are 8-bit blocks as the
+decoder's are (below).
 
 The decoder's step graph serves the prompt (several positions at once,
 causally masked) and every token after it (one position, the cache of the
@@ -64,10 +65,12 @@ class _GraphBuilder:
     def float_weight(self, name: str) -> np.ndarray:
         return np.asarray(self.weights[name], dtype=np.float32)
 
-    def linear(self, x: str, weight: np.ndarray, bias: np.ndarray | None) -> str:
+    def linear(
+        self, x: str, weight: np.ndarray, bias: np.ndarray | None, blocks: bool = False
+    ) -> str:
         """``x @ weight.T (+ bias)`` with ``weight`` [out, in] as 8-bit blocks,
-        or int8 columns when ``per_column``."""
-        if self.per_column:
+        or int8 columns when ``per_column`` (and not ``blocks``)."""
+        if self.per_column and not blocks:
             quantized, column_scales = quantize_columns(weight)
             inputs = [
                 x,
@@ -99,15 +102,13 @@ class _GraphBuilder:
             accuracy_level=INT8_COMPUTE,
         )
 
-    def dense(self, x: str, prefix: str, rows: slice = slice(None), exact: bool = False) -> str:
-        """``x`` through the layer at ``prefix``; ``exact``: float32 weights."""
+    def dense(self, x: str, prefix: str, rows: slice = slice(None), blocks: bool = False) -> str:
+        """``x`` through the layer at ``prefix``; ``blocks``: as 8-bit blocks
+        even in a ``per_column`` graph."""
         weight = self.float_weight(prefix + "/weight")[rows]
         bias_name = prefix + "/bias"
         bias = self.float_weight(bias_name)[rows] if bias_name in self.weights else None
-        if not exact:
-            return self.linear(x, weight, bias)
-        y = self.node("MatMul", [x, self.constant("w", np.ascontiguousarray(weight.T))])
-        return y if bias is None else self.node("Add", [y, self.constant("b", bias)])
+        return self.linear(x, weight, bias, blocks)
 
     def layer_norm(self, x: str, prefix: str) -> str:
         gamma = self.constant("gamma", self.float_weight(prefix + "/gamma"))
@@ -314,10 +315,15 @@ def build_encoder_graph(weights: dict[str, np.ndarray], heads: int) -> onnx.Mode
         x = g.node("Add", [x, g.dense(attended, prefix + "/self_attention/linear_1")])
         h = g.layer_norm(x, prefix + "/ffn/layer_norm")
         h = g.node("Gelu", [g.dense(h, prefix + "/ffn/linear_0")])
-        # Float: a few of the 2048 channels after the GELU are far larger
-        # than the rest, and one int8 scale for them all loses the others
-        # (the states 0.20 off, relative, against 0.04 with this one float).
-        x = g.node("Add", [x, g.dense(h, prefix + "/ffn/linear_1", exact=True)])
+        # Blocks: a few of the 2048 channels after the GELU are far larger
+        # than the rest, and one int8 scale for a whole row of them loses the
+        # others (the states 0.20 off, relative, against 0.04 with float
+        # weights here). MatMulNBits quantises the activations a block of 32
+        # channels at a time, so an outlier costs only its block: the states
+        # are as close to the float graph's as with float weights (0.047-0.089
+        # on five read sentences, against 0.046-0.089), for a quarter of the
+        # memory (16 MB less a session) and 10-17 % less encoder time.
+        x = g.node("Add", [x, g.dense(h, prefix + "/ffn/linear_1", blocks=True)])
         layer += 1
     g.node("Identity", [g.layer_norm(x, "encoder/layer_norm")], "encoded")
     return g.model("whisper_encoder", inputs, outputs)
