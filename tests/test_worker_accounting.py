@@ -17,6 +17,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from tests import conftest
+from voice_agent.server.place_in_workers import WorkerSlot
 from voice_agent.server.worker_pool import Worker, WorkerPool
 from voice_agent.server.worker_protocol import EVENTS_PATH
 
@@ -41,7 +42,7 @@ async def pool_and_streams(tmp_path: Path) -> AsyncIterator[tuple[WorkerPool, Ev
     streams = EventStreams()
     app = web.Application()
     app.router.add_get(EVENTS_PATH, streams.handle)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, handler_cancellation=True)  # a subscription left waiting
     await runner.setup()
     socket = str(tmp_path / "events.sock")
     await web.UnixSite(runner, socket).start()
@@ -108,3 +109,28 @@ async def test_a_call_over_within_a_gap_of_the_stream_is_ended_by_the_snapshot(
     await asyncio.wait_for(ended.told.wait(), 5)
     assert worker.reserved == 0 and not worker.unseen
     assert ended.calls == [call]  # told once: the key's slot is freed
+
+
+async def test_a_slot_of_a_worker_that_died_settles_nothing_on_its_successor(
+    pool_and_streams: tuple[WorkerPool, EventStreams],
+) -> None:
+    pool, _ = pool_and_streams
+    old = pool.reserve()
+    assert isinstance(old, Worker)
+    slot, answered_slot = WorkerSlot(old), WorkerSlot(old)
+    # The worker died (its reservations zeroed) and a new process took its
+    # place, where a new offer holds a reservation.
+    dead = old.process
+    successor = await asyncio.create_subprocess_exec("sleep", "60")
+    try:
+        old.process, old.reserved = successor, 0
+        assert pool.reserve() is old and old.reserved == 1
+        slot.release()  # the old offer's refusal, late
+        answered_slot.made("rtc_w0_late")  # the old offer's answer, late
+        assert old.reserved == 1 and not old.unseen
+        WorkerSlot(old).release()  # the new offer's own refusal counts
+        assert old.reserved == 0
+    finally:
+        old.process = dead
+        successor.kill()
+        await successor.wait()

@@ -261,7 +261,9 @@ class Call(CallCore):
                     timer.cancel()
         elif state == "disconnected":
             if self._lost_timer is not None:
-                self._lost_timer.cancel()
+                self._lost_timer.cancel()  # a connection that flaps keeps one timer
+                with contextlib.suppress(ValueError):
+                    self._timers.remove(self._lost_timer)
             loop = asyncio.get_running_loop()
             self._lost_timer = loop.call_later(
                 self.settings.disconnect_grace_s, self._timeout, "peer_lost"

@@ -8,7 +8,9 @@ read from the application at scrape time; ``process_*`` is
 prometheus-client's own (CPU seconds, resident memory). With ``--workers``
 the front scrapes each worker on its socket and merges every family into
 one exposition, each sample labelled ``process="front"`` or
-``process="worker-N"`` (sum them in queries).
+``process="worker-N"``: sum the workers' samples in queries, except
+``voice_agent_active_calls``, whose front sample is already the total
+over its workers (the one to scale on).
 """
 
 from __future__ import annotations

@@ -70,16 +70,21 @@ def _unavailable(message: str) -> web.Response:
 
 class WorkerSlot(Slot):
     """A slot on one worker, counted there as reserved until the worker
-    reports the call started (or the call is not made)."""
+    reports the call started (or the call is not made). A worker that died
+    meanwhile had its reservations zeroed: the slot then settles nothing,
+    or it would take one from the calls reserved on the new process."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
+        self._process = worker.process
 
     def made(self, call_id: str) -> None:
-        self.worker.answered(call_id)
+        if self.worker.process is self._process:
+            self.worker.answered(call_id)
 
     def release(self) -> None:
-        self.worker.release()
+        if self.worker.process is self._process:
+            self.worker.release()
 
 
 def _worker(admission: Admission[Any]) -> Worker:
